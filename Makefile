@@ -1,0 +1,36 @@
+# railhop: the two commands a user needs are `make demo` and `make test` (see README.md).
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+CBUILD    ?= build/ctest
+C_SOURCES  = $(shell find plugin bpf -name '*.[ch]' -not -path '*/build/*')
+
+.PHONY: setup test demo lint format-check typecheck ctest pytest clean
+
+setup:
+	@scripts/setup.sh
+
+test: setup lint format-check typecheck ctest pytest
+
+demo: setup
+	$(BIN)/railhop demo
+
+lint: setup
+	$(BIN)/ruff check agent tests bench
+	$(BIN)/ruff format --check agent tests bench
+
+format-check:
+	clang-format --dry-run -Werror $(C_SOURCES)
+
+typecheck: setup
+	$(BIN)/mypy
+
+ctest:
+	cmake -S . -B $(CBUILD) -G Ninja -DRAILHOP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(CBUILD)
+	ctest --test-dir $(CBUILD) --output-on-failure --timeout 300
+
+pytest: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from railhop.cli import main
+
+main()
