@@ -1,10 +1,37 @@
-"""The railhop command line (click). Each sub-command is a thin layer over a module that does the work."""
+"""The railhop command line (click). Each sub-command is a thin layer over a module.
+
+Exit codes: 0 success; 1 ``policy check`` found problems; 2 bad usage or input
+(``click.BadParameter``) and domain errors (topology/policy errors).
+"""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
 
 import click
 
 from railhop import __version__, paths
+from railhop import topology as topo_mod
+from railhop.health import NicState
+from railhop.policy import (
+    Plan,
+    Policy,
+    PolicyError,
+    check_file,
+    default_policy,
+    load_policy,
+    plan,
+    resolve_rails,
+)
+from railhop.topology import Topology, TopologyError, read_topology
+
+
+class DomainError(click.ClickException):
+    """A topology or policy error: printed as ``Error: ...``, exit status 2."""
+
+    exit_code = 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +48,248 @@ def plugin_path_cmd(rccl: bool) -> None:
         click.echo(str(paths.plugin_path(rccl=rccl)))
     except paths.NotInstalledError as e:
         raise click.ClickException(str(e)) from e
+
+
+# --------------------------------------------------------------------------------------------
+# shared options and helpers
+
+_root_option = click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Read sysfs under DIR/sys (a fixture tree in tests).",
+)
+_policy_option = click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy file for rails (default: automatic rails, built-in policy).",
+)
+_netdev_option = click.option(
+    "--netdev",
+    "netdevs",
+    multiple=True,
+    metavar="NAME",
+    help="Also treat this virtual netdev (veth, ...) as a NIC; repeatable.",
+)
+
+
+def _load_policy(path: Path | None) -> Policy:
+    if path is None:
+        return default_policy()
+    try:
+        return load_policy(path)
+    except PolicyError as e:
+        raise DomainError(f"invalid policy {path}:\n{e}") from e
+
+
+def _read(root: Path, netdevs: Sequence[str]) -> Topology:
+    try:
+        return read_topology(root, netdevs=netdevs)
+    except TopologyError as e:
+        raise DomainError(str(e)) from e
+
+
+def _with_rails(topo: Topology, policy: Policy) -> Topology:
+    assignment = resolve_rails(topo, policy)
+    for name in assignment.unmatched:
+        click.echo(f"warning: policy names NIC {name!r}, which this node does not have", err=True)
+    return assignment.apply(topo)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _net(rail: int | None, plane: int | None) -> str:
+    """``rail`` for plane 0, else ``rail.plane``; ``-`` without a rail."""
+    if rail is None:
+        return "-"
+    return f"{rail}.{plane}" if plane else str(rail)
+
+
+def _dash(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def render_topology(topo: Topology) -> str:
+    """The human-readable table printed by ``railhop topology``."""
+    rows = [["NIC", "NETDEV", "LINK", "RAIL", "NUMA", "PCI PATH", "GPU", "DIST", "STATE"]]
+    for n in topo.nics:
+        near = topo.nearest_gpu(n)
+        up = n.link_up
+        rows.append(
+            [
+                n.name,
+                _dash(n.netdev),
+                _dash(n.link_layer),
+                _net(n.rail, n.plane),
+                _dash(n.numa_node),
+                topo_mod.compact_pci_path(n.pci) if n.pci else "(virtual)",
+                str(near[0].index) if near else "-",
+                near[1].name if near else "-",
+                "unknown" if up is None else ("up" if up else "down"),
+            ]
+        )
+    out = [_table(rows)]
+    if topo.gpus:
+        grows = [["GPU", "PCI", "NUMA", "PCI PATH"]]
+        grows += [
+            [str(g.index), g.pci.bdf, _dash(g.numa_node), topo_mod.compact_pci_path(g.pci)]
+            for g in topo.gpus
+        ]
+        out += ["", _table(grows)]
+    numa = ", ".join(f"{x.id} (cpus {x.cpulist or '?'})" for x in topo.numa_nodes) or "unknown"
+    out += ["", f"NUMA nodes: {numa}"]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# railhop topology
+
+
+@cli.command("topology")
+@_root_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_policy_option
+@_netdev_option
+def topology_cmd(
+    *, root: Path, as_json: bool, policy_file: Path | None, netdevs: tuple[str, ...]
+) -> None:
+    """Show the node's NICs, rails, NUMA nodes, PCI paths and nearest GPUs.
+
+    RAIL is rail[.plane]; DIST is the PCIe distance class of the NIC from its nearest GPU
+    (PIX < PXB < PHB < NODE < SYS); STATE is the link state read from sysfs.
+    """
+    topo = _with_rails(_read(root, netdevs), _load_policy(policy_file))
+    if as_json:
+        click.echo(json.dumps(topo_mod.to_dict(topo), indent=2))
+    else:
+        click.echo(render_topology(topo))
+
+
+# --------------------------------------------------------------------------------------------
+# railhop policy ...
+
+
+@cli.group("policy")
+def policy_group() -> None:
+    """Validate policy files and preview the plans they produce."""
+
+
+@policy_group.command("check")
+@click.argument(
+    "files",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+def policy_check_cmd(files: tuple[Path, ...]) -> None:
+    """Validate policy FILES; print every problem as FILE:LINE:COL: FIELD: MESSAGE (got VALUE).
+
+    Exits 1 when any file has a problem.
+    """
+    bad = 0
+    for f in files:
+        try:
+            issues = check_file(f)
+        except PolicyError as e:
+            raise DomainError(str(e)) from e
+        if issues:
+            bad += 1
+            for issue in issues:
+                click.echo(str(issue))
+        else:
+            click.echo(f"{f}: ok")
+    if bad:
+        click.echo(f"{bad} of {len(files)} policy file(s) have errors", err=True)
+        raise click.exceptions.Exit(1)
+
+
+def render_plan(p: Plan) -> str:
+    """Readable form of a plan (``railhop policy plan``)."""
+    if not p.entries:
+        return "every managed NIC is usable: nothing to plan"
+    lines = []
+    for e in p.entries:
+        head = f"{e.nic} (rail {_net(*e.network)}, {e.state.value}): {e.action}"
+        lines.append(head + (" -> NO BACKUP, escalate" if e.escalate else ""))
+        for rank, pair in enumerate(e.pairs, start=1):
+            alts = ",".join(_net(*a) for a in pair.alternates)
+            lines.append(
+                f"  {rank}. {pair.local:<10} weight {pair.weight:5.3f}  {pair.distance.name:<4}"
+                f"  remote rail {_net(*pair.remote)}" + (f" (else {alts})" if alts else "")
+            )
+    loads = ", ".join(f"{n} {u:.2f}" for n, u in sorted(p.loads.items()))
+    lines.append(f"utilisation after migration: {loads}")
+    lines += [f"warning: {w}" for w in p.warnings]
+    return "\n".join(lines)
+
+
+@policy_group.command("plan")
+@click.argument("policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_root_option
+@click.option("--down", multiple=True, metavar="NIC", help="Treat NIC as down (repeatable).")
+@click.option("--suspect", multiple=True, metavar="NIC", help="Treat NIC as suspect (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_netdev_option
+def policy_plan_cmd(
+    *,
+    policy_file: Path,
+    root: Path,
+    down: tuple[str, ...],
+    suspect: tuple[str, ...],
+    as_json: bool,
+    netdevs: tuple[str, ...],
+) -> None:
+    """Preview the backup plan POLICY_FILE gives this node when the named NICs fail."""
+    policy = _load_policy(policy_file)
+    topo = _read(root, netdevs)
+    health: dict[str, NicState] = {}
+    for names, state in ((down, NicState.DOWN), (suspect, NicState.SUSPECT)):
+        for name in names:
+            nic = topo.find_nic(name)
+            if nic is None:
+                raise click.BadParameter(f"no NIC named {name!r} under {root}", param_hint="NIC")
+            health[nic.name] = state
+    result = plan(topo, health, policy)
+    if as_json:
+        click.echo(json.dumps(plan_to_dict(result), indent=2))
+    else:
+        click.echo(render_plan(result))
+
+
+def plan_to_dict(p: Plan) -> dict[str, object]:
+    return {
+        "rails": {n: list(r) for n, r in sorted(p.rails.items())},
+        "entries": [
+            {
+                "nic": e.nic,
+                "network": list(e.network),
+                "state": e.state.value,
+                "action": e.action,
+                "escalate": e.escalate,
+                "pairs": [
+                    {
+                        "local": x.local,
+                        "remote": list(x.remote),
+                        "alternates": [list(a) for a in x.alternates],
+                        "distance": x.distance.name,
+                        "weight": x.weight,
+                    }
+                    for x in e.pairs
+                ],
+            }
+            for e in p.entries
+        ],
+        "loads": dict(sorted(p.loads.items())),
+        "warnings": list(p.warnings),
+    }
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Where the installed pieces of railhop live: the plugin libraries, the harness, bpf sources, policies.
+"""Where the installed pieces of railhop live: plugin libraries, harness, bpf sources, policies.
 
 The CMake part of the build installs them inside the package (``railhop/lib``, ``railhop/data``).
 ``RAILHOP_PLUGIN_PATH`` / ``RAILHOP_HARNESS_PATH`` override the lookup (used when running from a

@@ -1,0 +1,335 @@
+"""railhop.health: the per-NIC state machine (pure; time is always passed in)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from railhop.health import (
+    AdminDown,
+    AdminUp,
+    CarrierDown,
+    CarrierUp,
+    CounterBreach,
+    DeviceFatal,
+    Event,
+    HealthError,
+    HealthModel,
+    HealthParams,
+    LaneError,
+    LaneTimeout,
+    NicHealth,
+    NicState,
+    ProbeFail,
+    ProbeOk,
+    initial,
+    next_deadline,
+    step,
+    tick,
+)
+
+S = NicState
+P = HealthParams(
+    suspect_strikes=3,
+    suspect_window_s=2.0,
+    suspect_clear_s=5.0,
+    down_on=frozenset({"lane_timeout"}),
+    recover_stable_s=0.5,
+    recover_probes=0,
+    holdoff_initial_s=1.0,
+    holdoff_max_s=8.0,
+    holdoff_multiplier=2.0,
+    flap_reset_s=60.0,
+)
+
+
+def run(events: list[Event], p: HealthParams = P, t0: float = 0.0) -> NicHealth:
+    h = initial("nic0", t0)
+    for ev in events:
+        h = step(h, ev, p)
+    return h
+
+
+def test_carrier_loss_and_recovery() -> None:
+    h = run([CarrierDown("nic0", 10.0)])
+    assert h.state is S.DOWN and h.since == 10.0 and h.flaps == 1
+    assert h.holdoff_until == 11.0 and h.reason == "carrier down"
+    assert next_deadline(h, P) is None  # link down: only an event can help
+    h = step(h, CarrierUp("nic0", 10.2), P)
+    assert h.state is S.RECOVERING
+    # hold-off (until 11.0) dominates the stability time (10.2 + 0.5)
+    assert next_deadline(h, P) == 11.0
+    assert tick(h, 10.99, P).state is S.RECOVERING
+    up = tick(h, 11.0, P)
+    assert up.state is S.UP and up.since == 11.0 and up.stable_since == 11.0
+
+
+def test_stability_time_is_hysteresis() -> None:
+    h = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 5.0)])  # hold-off long over
+    assert h.state is S.RECOVERING
+    assert tick(h, 5.49, P).state is S.RECOVERING
+    assert tick(h, 5.5, P).state is S.UP
+
+
+def test_soft_signals_suspect_then_down() -> None:
+    h = run([LaneError("nic0", 1.0)])
+    assert h.state is S.SUSPECT and h.strikes == (1.0,)
+    h = step(h, CounterBreach("nic0", 1.5, counter="symbol_error", rate=50, threshold=10), P)
+    assert h.state is S.SUSPECT and len(h.strikes) == 2
+    h = step(h, LaneError("nic0", 2.5), P)
+    assert h.state is S.DOWN and "3 strikes" in h.reason
+
+
+def test_strikes_outside_window_do_not_count() -> None:
+    h = run([LaneError("nic0", 0.0), LaneError("nic0", 1.0), LaneError("nic0", 2.5)])
+    # the first strike (t=0) left the 2 s window at t=2.5
+    assert h.state is S.SUSPECT and h.strikes == (1.0, 2.5)
+
+
+def test_suspect_clears_after_quiet() -> None:
+    h = run([LaneError("nic0", 1.0), LaneError("nic0", 2.0)])
+    assert next_deadline(h, P) == 7.0
+    assert tick(h, 6.9, P).state is S.SUSPECT
+    up = tick(h, 7.0, P)
+    assert up.state is S.UP and up.strikes == () and up.reason == "quiet"
+    assert up.stable_since == 0.0  # suspect time still counts as up for flap forgiveness
+
+
+def test_probe_decides_suspicion() -> None:
+    h = run([LaneError("nic0", 1.0), ProbeOk("nic0", 1.1)])
+    assert h.state is S.UP and h.reason == "probe ok"
+    h = run([LaneError("nic0", 1.0), ProbeFail("nic0", 1.1)])
+    assert h.state is S.DOWN and "probe failed" in h.reason
+
+
+def test_down_on_kinds_skip_suspect() -> None:
+    h = run([LaneTimeout("nic0", 1.0)])
+    assert h.state is S.DOWN and h.reason == "lane timeout"
+    lenient = dataclasses.replace(P, down_on=frozenset())
+    assert run([LaneTimeout("nic0", 1.0)], lenient).state is S.SUSPECT
+    assert run([LaneError("nic0", 1.0)], dataclasses.replace(P, suspect_strikes=1)).state is S.DOWN
+
+
+def test_hard_signals() -> None:
+    assert run([DeviceFatal("nic0", 1.0)]).state is S.DOWN
+    h = run([LaneError("nic0", 1.0), CarrierDown("nic0", 1.2)])
+    assert h.state is S.DOWN and not h.link_up
+
+
+def test_admin_down_needs_admin_up() -> None:
+    h = run([AdminDown("nic0", 1.0, reason="maintenance")])
+    assert h.state is S.DOWN and h.reason == "admin down: maintenance"
+    h = step(h, ProbeOk("nic0", 2.0), P)
+    h = tick(h, 100.0, P)
+    assert h.state is S.DOWN  # neither probes nor time bring it back
+    h = step(h, AdminUp("nic0", 101.0), P)
+    assert h.state is S.RECOVERING
+    assert tick(h, 101.5, P).state is S.UP
+
+
+def test_admin_up_with_link_down_stays_down() -> None:
+    h = run([CarrierDown("nic0", 1.0), AdminDown("nic0", 2.0), AdminUp("nic0", 3.0)])
+    assert h.state is S.DOWN
+    assert step(h, CarrierUp("nic0", 4.0), P).state is S.RECOVERING
+
+
+def test_blackhole_retries_with_backoff_forever() -> None:
+    """Soft failure with the link up: hold-off, retry, fail again; hold-off doubles, capped."""
+    h = run([LaneTimeout("nic0", 0.0)])
+    holdoffs = []
+    t = 0.0
+    for _ in range(8):
+        assert h.state is S.DOWN
+        holdoffs.append(h.holdoff_until - h.since)
+        deadline = next_deadline(h, P)
+        assert deadline == h.holdoff_until
+        h = tick(h, deadline, P)
+        assert h.state is S.RECOVERING and h.reason == "hold-off over"
+        t = deadline + 0.1
+        h = step(h, LaneTimeout("nic0", t), P)  # still broken
+        assert h.state is S.DOWN
+    assert holdoffs == pytest.approx([1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0])
+    # finally healed: comes back after the (capped) hold-off and stability time
+    d = next_deadline(h, P)
+    assert d is not None
+    h = tick(h, d, P)
+    assert h.state is S.RECOVERING
+    h = tick(h, d + P.recover_stable_s, P)
+    assert h.state is S.UP
+
+
+def test_flapping_carrier_is_damped() -> None:
+    h = initial("nic0", 0.0)
+    t = 0.0
+    for _ in range(5):  # 5 Hz flap
+        h = step(h, CarrierDown("nic0", t), P)
+        h = step(h, CarrierUp("nic0", t + 0.1), P)
+        t += 0.2
+    assert h.state is S.RECOVERING and h.flaps == 5
+    assert h.holdoff_until == pytest.approx(0.8 + 8.0)
+    assert tick(h, 8.7, P).state is S.RECOVERING
+    assert tick(h, 8.8, P).state is S.UP
+
+
+def test_flaps_forgotten_after_stable_period() -> None:
+    h = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 0.1)])
+    h = tick(h, 2.0, P)
+    assert h.state is S.UP and h.flaps == 1
+    assert next_deadline(h, P) == pytest.approx(1.0 + 60.0)
+    h = tick(h, 61.0, P)
+    assert h.flaps == 0 and next_deadline(h, P) is None
+    h = step(h, CarrierDown("nic0", 70.0), P)
+    assert h.flaps == 1 and h.holdoff_until == 71.0
+    # without a tick in between, the next failure still sees the long stable period
+    h2 = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 0.1)])
+    h2 = step(h2, CarrierDown("nic0", 100.0), P)
+    assert h2.flaps == 1
+
+
+def test_recover_probes_required() -> None:
+    p = dataclasses.replace(P, recover_probes=2)
+    h = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 0.1)], p)
+    h = tick(h, 50.0, p)
+    assert h.state is S.RECOVERING and next_deadline(h, p) is None
+    h = step(h, ProbeOk("nic0", 50.0), p)
+    assert h.state is S.RECOVERING
+    h = step(h, ProbeOk("nic0", 50.1), p)
+    assert h.state is S.UP
+
+
+def test_bad_signal_while_recovering_is_a_flap() -> None:
+    h = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 0.1), LaneError("nic0", 0.2)])
+    assert h.state is S.DOWN and h.flaps == 2 and "while recovering" in h.reason
+    assert h.holdoff_until == pytest.approx(2.2)
+
+
+def test_out_of_order_events_use_last_time() -> None:
+    h = run([CarrierDown("nic0", 10.0), CarrierUp("nic0", 9.0)])
+    assert h.state is S.RECOVERING and h.since == 10.0 and h.t == 10.0
+
+
+def test_initial_link_down() -> None:
+    h = initial("nic0", 0.0, link_up=False)
+    assert h.state is S.DOWN and h.flaps == 0
+    h = step(h, CarrierUp("nic0", 1.0), P)
+    assert h.state is S.RECOVERING
+    assert tick(h, 1.5, P).state is S.UP
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(HealthError, match="applied to NIC"):
+        step(initial("nic0", 0.0), CarrierDown("nic1", 1.0), P)
+    with pytest.raises(HealthError, match="suspect_strikes"):
+        HealthParams(suspect_strikes=0)
+    with pytest.raises(HealthError, match="holdoff"):
+        HealthParams(holdoff_initial_s=10, holdoff_max_s=1)
+    with pytest.raises(HealthError, match="unknown event kinds"):
+        HealthParams(down_on=frozenset({"carrier_down"}))
+    with pytest.raises(HealthError, match="unknown event type"):
+        step(initial("nic0", 0.0), Event("nic0", 1.0), P)
+    assert P.holdoff(10**6) == P.holdoff_max_s  # huge flap counts do not overflow
+
+
+def test_model() -> None:
+    m = HealthModel.create(["a", "b"], 0.0, P, link_up={"b": False})
+    assert m.states == {"a": S.UP, "b": S.DOWN}
+    m, tr = m.apply(CarrierDown("a", 1.0))
+    assert tr is not None and (tr.nic, tr.old, tr.new, tr.t) == ("a", S.UP, S.DOWN, 1.0)
+    m, tr = m.apply(CarrierDown("a", 1.1))
+    assert tr is None
+    m, _ = m.apply(CarrierUp("a", 1.2))
+    m, _ = m.apply(CarrierUp("b", 1.2))
+    assert m.next_deadline() == pytest.approx(1.7)  # b: 1.2 + 0.5 stable; a: hold-off to 2.0
+    m, changes = m.tick(2.0)
+    assert [(c.nic, c.new) for c in changes] == [("a", S.UP), ("b", S.UP)]
+    with pytest.raises(HealthError, match="unknown NIC"):
+        m.apply(ProbeOk("zz", 3.0))
+
+
+# --- properties -----------------------------------------------------------------------------
+
+KINDS = [
+    CarrierDown,
+    CarrierUp,
+    DeviceFatal,
+    AdminDown,
+    AdminUp,
+    LaneTimeout,
+    LaneError,
+    CounterBreach,
+    ProbeOk,
+    ProbeFail,
+]
+
+events_st = st.lists(
+    st.tuples(st.sampled_from(KINDS), st.floats(min_value=0.0, max_value=5.0)), max_size=40
+)
+params_st = st.builds(
+    HealthParams,
+    suspect_strikes=st.integers(1, 4),
+    suspect_window_s=st.floats(0, 5),
+    suspect_clear_s=st.floats(0, 10),
+    down_on=st.frozensets(st.sampled_from(["lane_timeout", "lane_error", "probe_fail"])),
+    recover_stable_s=st.floats(0, 3),
+    recover_probes=st.integers(0, 2),
+    holdoff_initial_s=st.floats(0, 2),
+    holdoff_max_s=st.floats(2, 30),
+    holdoff_multiplier=st.floats(1, 4),
+    flap_reset_s=st.floats(0, 100),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events_st, params_st)
+def test_invariants(evs: list[tuple[type[Event], float]], p: HealthParams) -> None:
+    h = initial("nic0", 0.0)
+    t = 0.0
+    for kind, dt in evs:
+        t += dt
+        before = h
+        h = step(h, kind("nic0", t), p)
+        assert h.t == t and h.since <= h.t
+        assert h.state is not S.UP or (h.link_up and not h.admin_down)
+        if not h.link_up or h.admin_down:
+            assert h.state is S.DOWN
+        if h.state is S.DOWN and before.state is not S.DOWN:
+            assert h.holdoff_until - t <= p.holdoff_max_s + 1e-9
+        if h.state is S.UP and before.state in (S.DOWN, S.RECOVERING):
+            assert h.since >= before.holdoff_until - 1e-9  # never back before the hold-off
+        # ticking before the deadline changes nothing; at the deadline something changes
+        d = next_deadline(h, p)
+        if d is not None and d > h.t:
+            half = (h.t + d) / 2
+            if h.t < half < d:  # (not representable between two adjacent floats)
+                mid = tick(h, half, p)
+                assert (mid.state, mid.flaps) == (h.state, h.flaps)
+            assert (tick(h, d, p).state, tick(h, d, p).flaps) != (h.state, h.flaps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events_st, params_st)
+def test_never_gives_up(evs: list[tuple[type[Event], float]], p: HealthParams) -> None:
+    """Whatever happened, a NIC that is healthy again gets back to UP within a bounded time."""
+    h = initial("nic0", 0.0)
+    t = 0.0
+    for kind, dt in evs:
+        t += dt
+        h = step(h, kind("nic0", t), p)
+    t += 0.01
+    for ev in (CarrierUp("nic0", t), AdminUp("nic0", t)):
+        h = step(h, ev, p)
+    for i in range(p.recover_probes + 1):
+        h = step(h, ProbeOk("nic0", t + i * 1e-3), p)
+    bound = t + p.holdoff_max_s + p.recover_stable_s + p.suspect_clear_s + 1.0
+    for _ in range(5):  # follow deadlines (probes may be needed after DOWN -> RECOVERING)
+        d = next_deadline(h, p)
+        if d is not None:
+            h = tick(h, d, p)
+        if h.state is S.RECOVERING and h.probes_ok < p.recover_probes:
+            for i in range(p.recover_probes):
+                h = step(h, ProbeOk("nic0", h.t + i * 1e-3), p)
+    h = tick(h, bound, p)
+    assert h.state is S.UP, h
