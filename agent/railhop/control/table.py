@@ -1,0 +1,248 @@
+"""The agent's side of the health table: the seqlock writer, and a reader for tools and tests.
+
+The writer creates ``health.tbl`` at its first publish (a temp file renamed into place, so a
+reader never maps a half-initialised file) and then updates it in place:
+
+1. store ``seq + 1`` (odd: "writing"),
+2. copy the body, NIC and plan arrays,
+3. store ``seq + 2`` (even: "stable").
+
+A reader accepts a copy only when it read the same even ``seq`` before and after copying *and*
+the CRC over the copy matches. On x86-64 (TSO) stores become visible in program order, so the
+seqlock alone already excludes torn copies; on weakly ordered CPUs CPython cannot emit a release
+fence, and the CRC is what rejects a copy that mixes two publishes. Either way a torn record is
+never acted upon. ``heartbeat_ns`` lives outside the seqlock and is one aligned 8-byte store.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from railhop.control.errors import TableError
+from railhop.control.layout import (
+    BODY_OFFSET,
+    F_AGENT_GONE,
+    HEARTBEAT_OFFSET,
+    MAGIC,
+    MAX_BACKUPS,
+    NICS_OFFSET,
+    PLANS_OFFSET,
+    SEQ_OFFSET,
+    TABLE_SIZE,
+    Backup,
+    NicHealth,
+    NicState,
+    Payload,
+    Plans,
+    TableSnapshot,
+    check_header,
+    decode_table,
+    encode_header,
+    encode_payload,
+)
+
+_U64 = struct.Struct("<Q")
+
+
+def proc_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int]:
+    """(start time in clock ticks, pid-namespace inode) of ``pid``; 0 for what cannot be read."""
+    ticks = 0
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        pidns = os.stat(proc_root / str(pid) / "ns" / "pid").st_ino
+    except OSError:
+        pidns = 0
+    return ticks, pidns
+
+
+def previous_generation(path: Path) -> int:
+    """Generation of the table a previous agent left at ``path`` (0 when none is readable)."""
+    try:
+        with path.open("rb") as f:
+            image = f.read(TABLE_SIZE)
+        return int(check_header(image)[11])
+    except (OSError, TableError):
+        return 0
+
+
+class TableWriter:
+    """Owns one ``health.tbl``. Not thread-safe: one writer (the agent's loop) only."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        heartbeat_ms: int = 250,
+        clock: Callable[[], int] = time.monotonic_ns,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        if not 0 <= heartbeat_ms <= 0xFFFFFFFF:
+            raise TableError(f"heartbeat_ms {heartbeat_ms} out of range")
+        self.path = Path(path)
+        self.heartbeat_ms = heartbeat_ms
+        self._clock = clock
+        self._proc_root = proc_root
+        self._mm: mmap.mmap | None = None
+        self._fd = -1
+        self.generation = 0
+        self.publish_count = 0
+        self.truncated_plans = 0  # plans cut to MAX_BACKUPS entries
+        self._flags = 0
+        self._state: dict[str, NicState] = {}
+        self._changes: dict[str, int] = {}
+        self._plan: dict[str, tuple[Backup, ...]] = {}
+        self._plan_version: dict[str, int] = {}
+        self._last: tuple[tuple[NicHealth, ...], dict[str, tuple[Backup, ...]]] = ((), {})
+
+    @property
+    def created(self) -> bool:
+        return self._mm is not None
+
+    def publish(self, nics: Sequence[NicHealth], plans: Plans) -> int:
+        """Publishes NIC health and plans; returns the publish count. Bad input: TableError,
+        and the table is left as it was."""
+        cut: dict[str, tuple[Backup, ...]] = {}
+        for name, backups in plans.items():
+            if len(backups) > MAX_BACKUPS:
+                self.truncated_plans += 1
+            if backups:
+                cut[name] = tuple(backups[:MAX_BACKUPS])
+        count = self.publish_count + 1
+        changes = []
+        versions = []
+        for nic in nics:
+            prev = self._state.get(nic.ifname)
+            changes.append(
+                self._changes.get(nic.ifname, 0) + (prev is not None and prev != nic.state)
+            )
+            plan = cut.get(nic.ifname, ())
+            same = nic.ifname in self._plan_version and self._plan.get(nic.ifname, ()) == plan
+            versions.append(self._plan_version[nic.ifname] if same else count)
+        payload = encode_payload(
+            nics,
+            cut,
+            changes=changes,
+            plan_versions=versions,
+            publish_count=count,
+            publish_ns=self._clock(),
+            flags=self._flags,
+            heartbeat_ms=self.heartbeat_ms,
+        )
+        if self._mm is None:
+            self._create()
+        self._write(payload)
+        self.publish_count = count
+        for nic, chg, ver in zip(nics, changes, versions, strict=True):
+            self._state[nic.ifname] = nic.state
+            self._changes[nic.ifname] = chg
+            self._plan[nic.ifname] = cut.get(nic.ifname, ())
+            self._plan_version[nic.ifname] = ver
+        self._last = (tuple(nics), cut)
+        return count
+
+    def heartbeat(self) -> None:
+        """One aligned 8-byte store of CLOCK_MONOTONIC; readers go stale without it."""
+        if self._mm is not None:
+            _U64.pack_into(self._mm, HEARTBEAT_OFFSET, self._clock())
+
+    def mark_gone(self) -> None:
+        """Clean shutdown: re-publish the last content with the AGENT_GONE flag set."""
+        if self._mm is None:
+            return
+        self._flags |= F_AGENT_GONE
+        nics, plans = self._last
+        payload = encode_payload(
+            nics,
+            plans,
+            changes=[self._changes.get(n.ifname, 0) for n in nics],
+            plan_versions=[self._plan_version.get(n.ifname, 0) for n in nics],
+            publish_count=self.publish_count,
+            publish_ns=self._clock(),
+            flags=self._flags,
+            heartbeat_ms=self.heartbeat_ms,
+        )
+        self._write(payload)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _create(self) -> None:
+        pid = os.getpid()
+        ticks, pidns = proc_identity(pid, self._proc_root)
+        self.generation = previous_generation(self.path) + 1
+        tmp = self.path.with_name(f".{self.path.name}.{pid}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # readable by the job's processes; the 0700 dir gates access
+            os.ftruncate(fd, TABLE_SIZE)
+            mm = mmap.mmap(fd, TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm[0:BODY_OFFSET] = encode_header(
+                agent_pid=pid,
+                agent_start_ticks=ticks,
+                agent_pidns=pidns,
+                generation=self.generation,
+                heartbeat_ns=self._clock(),
+            )
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        self._fd = fd
+        self._mm = mm
+
+    def _write(self, payload: Payload) -> None:
+        mm = self._mm
+        assert mm is not None
+        seq = _U64.unpack_from(mm, SEQ_OFFSET)[0] & ~1
+        _U64.pack_into(mm, SEQ_OFFSET, seq + 1)
+        try:
+            mm[BODY_OFFSET:NICS_OFFSET] = payload.body
+            mm[NICS_OFFSET:PLANS_OFFSET] = payload.nics
+            mm[PLANS_OFFSET:TABLE_SIZE] = payload.plans
+        finally:
+            # even if interrupted half-way: an even seq over a torn payload fails the CRC
+            _U64.pack_into(mm, SEQ_OFFSET, seq + 2)
+
+
+def read_table(path: Path, *, tries: int = 64) -> TableSnapshot:
+    """A consistent copy of the table at ``path`` (seqlock + CRC); TableError if there is no
+    readable table, it is corrupt, or the writer kept it busy through every try."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < TABLE_SIZE:
+                raise TableError(f"{path}: {size} bytes, want at least {TABLE_SIZE} (truncated?)")
+            with mmap.mmap(f.fileno(), TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
+                if _U64.unpack_from(mm, 0)[0] & 0xFFFFFFFF != MAGIC:
+                    raise TableError(f"{path}: bad magic, not a railhop table")
+                last: TableError | None = None
+                for _ in range(tries):
+                    s1 = _U64.unpack_from(mm, SEQ_OFFSET)[0]
+                    if s1 & 1:
+                        continue
+                    image = mm[:TABLE_SIZE]
+                    if _U64.unpack_from(mm, SEQ_OFFSET)[0] != s1:
+                        continue
+                    try:
+                        return decode_table(image)
+                    except TableError as e:
+                        last = e
+                raise TableError(f"{path}: no consistent copy in {tries} tries ({last})")
+    except OSError as e:
+        raise TableError(f"cannot read the health table {path}: {e.strerror}") from e

@@ -1,0 +1,241 @@
+"""Only the agent's uid, root and the configured job owner can send lane events (root: setuid
+children). Layer 1: the 0700 run dir and 0600 socket; layer 2: SO_PEERCRED at accept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from railhop.control import (
+    Backup,
+    ControlError,
+    ControlPlane,
+    Distance,
+    EventType,
+    LaneEvent,
+    NicHealth,
+    NicState,
+    Reason,
+    encode_event,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+NOBODY = 65534
+CHILD = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("refused", e.errno)
+    sys.exit(0)
+try:
+    s.send(bytes.fromhex(sys.argv[2]))
+except (BrokenPipeError, ConnectionResetError):
+    print("closed")  # the agent hung up before we could send
+    sys.exit(0)
+if sys.argv[3] == "wait":
+    s.settimeout(10)
+    try:
+        print("closed" if s.recv(10) == b"" else "data")
+    except ConnectionResetError:
+        print("closed")
+else:
+    print("sent")
+"""
+
+pytestmark = pytest.mark.privileged
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="rh_peercred."))
+    os.chmod(d, 0o711)  # nobody may traverse it, the run dir inside decides the rest
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def as_nobody(sock: Path, payload: bytes, mode: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(sock),
+        payload.hex(),
+        mode,
+        user=NOBODY,
+        group=NOBODY,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
+    return out.decode().strip()
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def ev(pid: int) -> LaneEvent:
+    return LaneEvent(EventType.LANE_TIMEOUT, pid=pid, nic="nic0", conn_id=7)
+
+
+def test_other_uid_cannot_connect_through_the_permissions(base: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(base / "run", heartbeat_ms=0) as cp:
+            out = await as_nobody(cp.socket_path, encode_event(ev(1)), "wait")
+            assert out == "refused 13"  # EACCES: the 0700 directory stops it
+            assert cp.counters.clients_accepted == 0 and cp.counters.events == 0
+
+    asyncio.run(body())
+
+
+def test_other_uid_is_rejected_by_peer_credentials(base: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(base / "run", heartbeat_ms=0) as cp:
+            os.chmod(cp.run_dir, 0o777)  # a mistake by an operator: only SO_PEERCRED is left
+            os.chmod(cp.socket_path, 0o777)
+            out = await as_nobody(cp.socket_path, encode_event(ev(2)), "wait")
+            assert out == "closed"
+            assert cp.counters.peers_rejected == 1
+            assert cp.counters.events == 0 and cp.counters.clients_accepted == 0
+            # our own event is the first one to arrive: the rejected one never made it
+            import socket
+
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.connect(str(cp.socket_path))
+                s.send(encode_event(ev(os.getpid())))
+                rx = await asyncio.wait_for(anext(cp.events()), 10)
+            assert rx.event == ev(os.getpid()) and rx.peer.uid == 0
+
+    asyncio.run(body())
+
+
+def test_job_owner_uid_may_send(base: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(base / "run", heartbeat_ms=0, owner_uid=NOBODY) as cp:
+            assert os.stat(cp.run_dir).st_uid == NOBODY
+            assert os.lstat(cp.socket_path).st_uid == NOBODY
+            out = await as_nobody(cp.socket_path, encode_event(ev(3)), "send")
+            assert out == "sent"
+            rx = await asyncio.wait_for(anext(cp.events()), 10)
+            assert rx.event == ev(3) and rx.peer.uid == NOBODY
+            await until(lambda: not cp.clients)
+
+    asyncio.run(body())
+
+
+def test_run_dir_of_another_user_is_refused(base: Path) -> None:
+    run = base / "run"
+    run.mkdir()
+    os.chown(run, NOBODY, NOBODY)
+
+    async def body() -> None:
+        with pytest.raises(ControlError, match="owned by uid 65534"):
+            await ControlPlane(run, heartbeat_ms=0).start()
+
+    asyncio.run(body())
+
+
+def pattern(k: int) -> tuple[list[NicHealth], dict[str, list[Backup]]]:
+    """Publish k of the hammer pattern of plugin/tests/test_ctl.c (as in test_control_interop)."""
+    n = 4 + k % 5
+    nics = [
+        NicHealth(
+            f"nic{i}",
+            NicState(1 + (k + i) % 4),
+            k * 1000 + i,
+            Reason((k + i) % 11),
+            i,
+            f"{k % 10000:04d}:00:{i:02x}.0",
+            i % 2,
+            k % 100000,
+        )
+        for i in range(n)
+    ]
+    plans = {
+        f"nic{i}": [
+            Backup(f"nic{(i + j + 1) % n}", j, (k + j) & 0xFFFF, Distance(j % 5))
+            for j in range((k + i) % 16)
+        ]
+        for i in range(n)
+    }
+    return nics, plans
+
+
+def test_c_plugin_running_as_the_job_owner(base: Path) -> None:
+    """The plugin code (plugin/src/ctl.c) in a process of the job's uid reads the root agent's
+    table and its events are accepted."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc is not None, "no C compiler"
+    binary = base / "test_ctl"
+    subprocess.run(
+        [
+            cc,
+            "-std=gnu11",
+            "-O2",
+            f"-I{REPO / 'plugin/include'}",
+            f"-I{REPO / 'plugin/src'}",
+            str(REPO / "plugin/src/ctl.c"),
+            str(REPO / "plugin/tests/test_ctl.c"),
+            "-o",
+            str(binary),
+            "-pthread",
+        ],
+        check=True,
+        timeout=120,
+    )
+    os.chmod(binary, 0o755)
+
+    async def body() -> None:
+        async with ControlPlane(base / "run", heartbeat_ms=100, owner_uid=NOBODY) as cp:
+            cp.publish(*pattern(1))
+            reader = await asyncio.create_subprocess_exec(
+                str(binary),
+                "--reader",
+                str(cp.run_dir),
+                "0.3",
+                user=NOBODY,
+                group=NOBODY,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            out, _ = await asyncio.wait_for(reader.communicate(), 30)
+            res = json.loads(out)
+            assert reader.returncode == 0 and res["bad"] == 0 and res["proto"] == 0
+            assert res["accepted"] > 0 and res["last_publish"] == 1
+            sender = await asyncio.create_subprocess_exec(
+                str(binary),
+                "--send",
+                str(cp.run_dir),
+                "5",
+                user=NOBODY,
+                group=NOBODY,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            got = []
+            async for rx in cp.events():
+                got.append(rx)
+                if len(got) == 5:
+                    break
+            out, _ = await asyncio.wait_for(sender.communicate(), 30)
+            assert sender.returncode == 0 and json.loads(out)["sent"] == 5
+            assert {rx.peer.uid for rx in got} == {NOBODY}
+            assert [rx.event.conn_id for rx in got] == [1000, 1001, 1002, 1003, 1004]
+
+    asyncio.run(body())

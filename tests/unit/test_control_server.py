@@ -1,0 +1,221 @@
+"""ControlPlane: run dir and socket permissions, event delivery, garbage, clients, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from railhop.control import (
+    ControlError,
+    ControlPlane,
+    EventType,
+    LaneEvent,
+    NicHealth,
+    NicState,
+    ReceivedEvent,
+    encode_event,
+    read_table,
+)
+from railhop.control.events import MAX_MSG
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.005)
+
+
+def client(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(str(path))
+    return s
+
+
+async def next_event(cp: ControlPlane, timeout: float = 5.0) -> ReceivedEvent:
+    it = cp.events()
+    return await asyncio.wait_for(anext(it), timeout)
+
+
+def ev(i: int) -> LaneEvent:
+    return LaneEvent(
+        EventType((i % 7) + 1), pid=os.getpid(), nic=f"nic{i % 4}", conn_id=i, epoch=i * 2
+    )
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro(), 30))
+
+
+def test_permissions_and_event_delivery(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+
+    async def body() -> None:
+        async with ControlPlane(run_dir, heartbeat_ms=0) as cp:
+            assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+            assert stat.S_ISSOCK(os.lstat(cp.socket_path).st_mode)
+            assert stat.S_IMODE(os.lstat(cp.socket_path).st_mode) == 0o600
+            assert not cp.table_path.exists()  # created at the first publish
+            with client(cp.socket_path) as c:
+                for i in range(20):
+                    c.send(encode_event(ev(i)))
+                got = []
+                async for rx in cp.events():
+                    got.append(rx)
+                    if len(got) == 20:
+                        break
+            assert [rx.event for rx in got] == [ev(i) for i in range(20)]
+            assert {rx.peer.pid for rx in got} == {os.getpid()}
+            assert {rx.peer.uid for rx in got} == {os.geteuid()}
+            assert cp.counters.events == 20 and cp.counters.malformed == 0
+
+    run(body)
+
+
+def test_garbage_is_dropped_and_counted_and_the_server_carries_on(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(tmp_path, heartbeat_ms=0) as cp:
+            with client(cp.socket_path) as c:
+                good = encode_event(ev(1))
+                c.send(b"\x00" * 3)
+                c.send(good[:-1])
+                c.send(b"x" * 1000)  # > MAX_MSG: truncated by the kernel, dropped
+                c.send(b"RHEV" + bytes(156))
+                c.send(good)
+                rx = await next_event(cp)
+                assert rx.event == ev(1)
+            c2 = cp.counters
+            assert c2.malformed == 4
+            assert c2.malformed_by_reason == {"short": 1, "size": 1, "oversize": 1, "version": 1}
+            assert c2.events == 1
+
+    run(body)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=MAX_MSG + 40), max_size=20))
+def test_fuzz_the_live_server(tmp_path_factory: pytest.TempPathFactory, msgs: list[bytes]) -> None:
+    d = tmp_path_factory.mktemp("fuzz")
+
+    async def body() -> None:
+        async with ControlPlane(d, heartbeat_ms=0) as cp:
+            with client(cp.socket_path) as c:
+                for m in msgs:
+                    c.send(m)
+                c.send(encode_event(ev(3)))
+                seen = []
+                async for rx in cp.events():
+                    seen.append(rx.event)
+                    if rx.event == ev(3):
+                        break
+            counted = cp.counters
+            assert counted.events + counted.malformed == len(msgs) + 1
+            assert cp.clients  # the garbage did not kill the connection
+
+    run(body)
+
+
+def test_clients_come_and_go_and_are_bounded(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(tmp_path, heartbeat_ms=0, max_clients=2) as cp:
+            a = client(cp.socket_path)
+            b = client(cp.socket_path)
+            await until(lambda: len(cp.clients) == 2)
+            c = client(cp.socket_path)  # accepted by the kernel, closed by the agent
+            await until(lambda: cp.counters.clients_refused == 1)
+            assert c.recv(10) == b""
+            a.close()
+            await until(lambda: len(cp.clients) == 1)
+            assert cp.counters.clients_closed == 1
+            b.send(encode_event(ev(2)))
+            assert (await next_event(cp)).event == ev(2)
+            b.close()
+            c.close()
+            await until(lambda: not cp.clients)
+
+    run(body)
+
+
+def test_queue_overflow_is_counted(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(tmp_path, heartbeat_ms=0, queue_size=2) as cp:
+            with client(cp.socket_path) as c:
+                for i in range(5):
+                    c.send(encode_event(ev(i)))
+                await until(lambda: cp.counters.events + cp.counters.queue_dropped == 5)
+            assert cp.counters.events == 2 and cp.counters.queue_dropped == 3
+            assert (await next_event(cp)).event == ev(0)
+
+    run(body)
+
+
+def test_stale_socket_is_replaced_and_a_live_agent_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agent.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(str(path))  # bound, never listening: like a killed agent's socket
+    dead.close()
+
+    async def body() -> None:
+        async with ControlPlane(tmp_path, heartbeat_ms=0) as cp:
+            assert cp.socket_path.exists()
+            with pytest.raises(ControlError, match="another agent"):
+                await ControlPlane(tmp_path, heartbeat_ms=0).start()
+            assert cp.socket_path.exists()
+        assert not path.exists()
+        path.write_text("not a socket")
+        with pytest.raises(ControlError, match="not a socket"):
+            await ControlPlane(tmp_path, heartbeat_ms=0).start()
+
+    run(body)
+
+
+def test_run_dir_must_be_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    async def body() -> None:
+        with pytest.raises(ControlError, match="not a directory"):
+            await ControlPlane(tmp_path / "link", heartbeat_ms=0).start()
+
+    run(body)
+
+
+def test_clean_shutdown(tmp_path: Path) -> None:
+    async def body() -> None:
+        cp = ControlPlane(tmp_path, heartbeat_ms=10)
+        await cp.start()
+        cp.publish([NicHealth("nic0", NicState.UP)], {})
+        hb0 = read_table(cp.table_path).heartbeat_ns
+        await until(lambda: read_table(cp.table_path).heartbeat_ns != hb0)
+
+        received: list[ReceivedEvent] = []
+
+        async def consume() -> None:
+            async for rx in cp.events():
+                received.append(rx)
+
+        task = asyncio.create_task(consume())
+        with client(cp.socket_path) as c:
+            c.send(encode_event(ev(5)))
+            await until(lambda: len(received) == 1)
+            await cp.close()
+            assert c.recv(10) == b""  # the agent hung up
+        await asyncio.wait_for(task, 5)  # events() ended
+        assert not cp.socket_path.exists()
+        snap = read_table(cp.table_path)
+        assert snap.agent_gone and snap.nics == (NicHealth("nic0", NicState.UP),)
+        with pytest.raises(ControlError):
+            cp.publish([], {})
+        await cp.close()  # idempotent
+
+    run(body)
