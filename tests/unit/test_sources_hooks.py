@@ -1,0 +1,194 @@
+"""Hook-chain planning, trial outcome resolution, capability records, kernel fact helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from railhop.sources import ebpf, kernel
+from railhop.sources import hooks as H
+from railhop.sources.base import Reason, Status
+from railhop.sources.btf import Btf
+
+EMPTY_BTF = Btf([], {})
+
+
+def env(tmp_path: Path, *, btf: Btf | None = EMPTY_BTF, tps: tuple[str, ...] = ()) -> H.KernelEnv:
+    tracefs = tmp_path / "tracing"
+    for t in tps:
+        (tracefs / "events" / t).mkdir(parents=True)
+    return H.KernelEnv(btf, "" if btf else "no /sys/kernel/btf/vmlinux", str(tracefs), "")
+
+
+def spec() -> H.ProbeSpec:
+    return H.ProbeSpec(
+        source="s",
+        file="x.bpf.c",
+        hooks=(
+            H.Hook(
+                "h",
+                (
+                    H.Variant("fentry", "f", "F", (H.funcs("some_func"),)),
+                    H.Variant("raw_tp", "r", "R", ()),
+                    H.Variant("tp", "cat:ev", "T", (H.tp("cat", "ev"),)),
+                ),
+            ),
+            H.Hook("only_tp", (H.Variant("tp", "cat:other", "O", (H.tp("cat", "other"),)),)),
+        ),
+    )
+
+
+def test_plan_rules_out_variants_before_compiling(tmp_path: Path) -> None:
+    p = H.plan(spec(), env(tmp_path, tps=("cat/ev",)))
+    assert [[c.cflags for c in hc] for hc in p.candidates] == [[("-DR",), ("-DT",)], []]
+    assert [(v.mechanism, r) for v, r, _d in p.notes[0]] == [("fentry", Reason.NOT_AVAILABLE)]
+    assert [(v.mechanism, r) for v, r, _d in p.notes[1]] == [("tp", Reason.NO_TRACEPOINT)]
+
+
+def test_plan_without_btf_or_tracefs(tmp_path: Path) -> None:
+    e = H.KernelEnv(None, "no BTF here", None, "mount failed: EPERM")
+    p = H.plan(spec(), e)
+    assert p.notes[0][0][1] == Reason.NO_BTF
+    assert p.notes[0][1][0].mechanism == "tp"
+    assert "mount failed" in p.notes[0][1][2]
+    assert [c.cflags for c in p.candidates[0]] == [("-DR",)]
+
+
+def test_allow_restricts_mechanisms(tmp_path: Path) -> None:
+    p = H.plan(spec(), env(tmp_path, tps=("cat/ev",)), frozenset({"tp"}))
+    assert [c.cflags for c in p.candidates[0]] == [("-DT",)]
+
+
+def test_resolve_first_loading_variant_wins(tmp_path: Path) -> None:
+    s = spec()
+    p = H.plan(s, env(tmp_path, tps=("cat/ev", "cat/other")))
+    raw, tp, other = p.candidates[0][0], p.candidates[0][1], p.candidates[1][0]
+    out = H.TrialOutcome(
+        {
+            raw.index: (False, "Exception: Failed to compile BPF module"),
+            tp.index: (True, ""),
+            other.index: (True, ""),
+        },
+        combined_ok=True,
+    )
+    caps, flags, chosen = H.resolve(s, p, out)
+    assert [(c.hook, c.status, c.mechanism) for c in caps] == [
+        ("h", Status.ATTACHED, "tp:cat:ev"),
+        ("only_tp", Status.ATTACHED, "tp:cat:other"),
+    ]
+    assert flags == ["-DT", "-DO"]
+    assert [v.define if v else None for v in chosen] == ["T", "O"]
+    # the record says why the earlier variants were passed over, in chain order
+    assert caps[0].detail.startswith("fentry: not available")
+    assert "raw_tp: load failed" in caps[0].detail
+
+
+def test_resolve_fentry_refused_and_combined_failure(tmp_path: Path) -> None:
+    s = H.ProbeSpec("s", "x", (H.Hook("h", (H.Variant("fentry", "f", "F"),)),))
+    p = H.plan(s, env(tmp_path))
+    err = (
+        "Exception: Need super-user privileges to run | "
+        "bpf: Failed to load program: Operation not permitted"
+    )
+    caps, flags, _ = H.resolve(s, p, H.TrialOutcome({0: (False, err)}))
+    assert (caps[0].status, caps[0].reason, flags) == (Status.SKIPPED, Reason.FENTRY_REFUSED, [])
+    caps, _, _ = H.resolve(s, p, H.TrialOutcome({0: (True, "")}, False, "child died"))
+    assert (caps[0].reason, caps[0].detail) == (Reason.LOAD_FAILED, "child died")
+
+
+def test_pending_after_a_crash(tmp_path: Path) -> None:
+    s = spec()
+    p = H.plan(s, env(tmp_path, tps=("cat/ev", "cat/other")))
+    raw, tp, other = p.candidates[0][0], p.candidates[0][1], p.candidates[1][0]
+    # the child died on `raw`: it is marked failed, the rest is still to do
+    out = H.TrialOutcome({raw.index: (False, "trial child died (rc -6)")})
+    todo, winners = H.pending(p, out)
+    assert todo == [[tp], [other]] and winners == []
+    out.results[tp.index] = (True, "")
+    todo, winners = H.pending(p, out)
+    assert todo == [[other]] and winners == [tp]
+
+
+@pytest.mark.parametrize(
+    ("mech", "err", "reason"),
+    [
+        ("fentry", "bpf: Failed to load program: Operation not permitted", Reason.FENTRY_REFUSED),
+        ("tp", "Unable to find kernel headers", Reason.NO_HEADERS),
+        ("tp", "Failed to attach: Operation not permitted", Reason.NO_PRIVILEGE),
+        ("tp", "Failed to compile BPF module", Reason.LOAD_FAILED),
+    ],
+)
+def test_classify(mech: str, err: str, reason: Reason) -> None:
+    assert H.classify(mech, err) is reason
+
+
+def test_specs_are_well_formed() -> None:
+    for s in (ebpf.CARRIER, ebpf.TCP_LANE, ebpf.RDMA_DRV):
+        order = {"fentry": 0, "raw_tp": 1, "tp": 2}
+        for h in s.hooks:
+            ranks = [order[v.mechanism] for v in h.variants]
+            assert ranks == sorted(ranks), (s.source, h.name)
+            assert len({v.define for v in h.variants}) == len(h.variants)
+        text = (Path(__file__).parents[2] / "bpf" / s.file).read_text()
+        for h in s.hooks:
+            for v in h.variants:
+                assert v.define in text, (s.file, v.define)
+
+
+def test_bpf_privileged() -> None:
+    assert kernel.bpf_privileged(1 << kernel.CAP_SYS_ADMIN)
+    assert kernel.bpf_privileged((1 << kernel.CAP_BPF) | (1 << kernel.CAP_PERFMON))
+    assert not kernel.bpf_privileged(1 << kernel.CAP_BPF)
+    assert not kernel.bpf_privileged(0)
+
+
+def test_cap_eff_and_precheck_without_privilege(tmp_path: Path) -> None:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/status").write_text("Name:\tx\nCapEff:\t0000000000000000\n")
+    assert kernel.cap_eff(str(tmp_path)) == 0
+    pre = ebpf.precheck(str(tmp_path), refresh=True)
+    assert (pre.reason, pre.env) == (Reason.NO_PRIVILEGE, None)
+    src = ebpf.TcpLaneSource(root=str(tmp_path))
+    caps = src.start_sync(lambda _e: None)
+    assert [(c.hook, c.reason) for c in caps] == [
+        ("retransmit", Reason.NO_PRIVILEGE),
+        ("sk_error", Reason.NO_PRIVILEGE),
+        ("loss", Reason.NO_PRIVILEGE),
+    ]
+    src.stop_sync()
+
+
+def test_kernel_headers_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BCC_KERNEL_SOURCE", raising=False)
+    assert kernel.kernel_headers("6.18.0", root=str(tmp_path)) is None
+    build = tmp_path / "lib/modules/6.18.0/build"
+    (build / "include/linux").mkdir(parents=True)
+    (build / "include/linux/kconfig.h").write_text("")
+    assert kernel.kernel_headers("6.18.0", root=str(tmp_path)) == str(build)
+
+
+def test_find_tracefs(tmp_path: Path) -> None:
+    assert kernel.find_tracefs(str(tmp_path)) is None
+    (tmp_path / "sys/kernel/debug/tracing/events").mkdir(parents=True)
+    assert kernel.find_tracefs(str(tmp_path)) == str(tmp_path / "sys/kernel/debug/tracing")
+
+
+FORMAT = """name: tcp_retransmit_skb
+ID: 2281
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:const void * skbaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:__u16 sport;\toffset:28;\tsize:2;\tsigned:0;
+\tfield:__u8 saddr_v6[16];\toffset:42;\tsize:16;\tsigned:0;
+\tfield:__data_loc char[] dev;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:int err;\toffset:76;\tsize:4;\tsigned:1;
+
+print fmt: "skbaddr=%p", REC->skbaddr
+"""
+
+
+def test_parse_format_fields() -> None:
+    assert kernel.parse_format_fields(FORMAT) == ["skbaddr", "sport", "saddr_v6", "dev", "err"]
