@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Plugin throughput over the rate-limited 4-NIC fabric vs the raw TCP ceiling of the same fabric.
+
+Both are measured in one run, the same way: bytes received on node 1's NICs (fabric counters,
+wire bytes) over the same steady window, with all NICs busy at once and the same number of TCP
+streams per NIC (iperf3 -P = the plugin's RAILHOP_STREAMS_PER_LANE). Rounds alternate
+iperf3 / plugin; the medians give the ratio (target >= 0.9).
+
+    sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _common
+
+_common.setup_import_path()
+
+from railhop import paths  # noqa: E402
+from railhop.fabric import CounterSampler, Fabric, in_netns, unique_prefix  # noqa: E402
+from railhop.harness import HarnessConfig, HarnessRun, rate_between, use_source_tree_build  # noqa: E402
+
+IPERF_PORT = 5201
+
+
+def listening(fab: Fabric, node: int, port: int) -> bool:
+    def body() -> bool:
+        text = Path("/proc/thread-self/net/tcp").read_text()
+        return any(
+            ln.split()[1].endswith(f":{port:04X}") and ln.split()[3] == "0A"
+            for ln in text.splitlines()[1:]
+        )
+
+    return in_netns(fab.netns(node), body)
+
+
+def window_rate(samp: CounterSampler, nics: int, t0: float, t1: float) -> float:
+    return sum(samp.rate(1, i, t0, t1, direction="rx") for i in range(nics))
+
+
+def run_iperf(fab: Fabric, nics: int, streams: int, seconds: float) -> dict[str, Any]:
+    servers = []
+    for i in range(nics):
+        argv = ["iperf3", "-s", "-1", "-B", fab.address(1, i), "-p", str(IPERF_PORT + i)]
+        servers.append(fab.popen(1, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    deadline = time.monotonic() + 10
+    while not all(listening(fab, 1, IPERF_PORT + i) for i in range(nics)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("iperf3 servers did not start listening within 10 s")
+        time.sleep(0.05)
+    clients = []
+    with CounterSampler(fab, interval=0.1) as samp:
+        t_start = time.monotonic()
+        for i in range(nics):
+            argv = ["iperf3", "-c", fab.address(1, i), "-B", fab.address(0, i)]
+            argv += ["-p", str(IPERF_PORT + i), "-P", str(streams), "-t", f"{seconds:g}", "-J"]
+            clients.append(fab.popen(0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [c.communicate(timeout=seconds + 20)[0] for c in clients]
+        t_end = time.monotonic()
+    for s in servers:
+        s.wait(10)
+    goodput = 0.0
+    for i, out in enumerate(outs):
+        try:
+            res = json.loads(out)
+            goodput += float(res["end"]["sum_received"]["bits_per_second"]) / 8
+        except (ValueError, KeyError) as e:
+            raise RuntimeError(f"iperf3 on nic{i} gave no result: {out[:300]!r}") from e
+    wire = window_rate(samp, nics, t_start + 1.0, t_end - 0.3)
+    return {"wire_Bps": wire, "goodput_Bps": goodput, "seconds": t_end - t_start}
+
+
+def run_plugin(fab: Fabric, nics: int, conns: int, seconds: float, size: int) -> dict[str, Any]:
+    cfg = HarnessConfig(conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60)
+    with CounterSampler(fab, interval=0.1) as samp, HarnessRun(fab, cfg) as run:
+        t_start = time.monotonic()
+        res = run.wait()
+        t_end = time.monotonic()
+    if not res.ok:
+        raise RuntimeError(f"plugin run failed:\n{res.describe()}")
+    prog = res.recv.progress
+    # the window where data moves: from the first progress with bytes > 0
+    first = next((p.t for p in prog if p.bytes > 0), 0.0)
+    last = prog[-1].t if prog else 0.0
+    goodput = rate_between(prog, first + 1.0, last - 0.2)
+    t0 = run.started_at + first + 1.0
+    t1 = run.started_at + last - 0.2
+    wire = window_rate(samp, nics, t0, t1)
+    return {
+        "wire_Bps": wire,
+        "goodput_Bps": goodput,
+        "bytes_checked": res.bytes_checked,
+        "data_errors": res.data_errors,
+        "seconds": t_end - t_start,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one round of 3 s each")
+    ap.add_argument("--rate-mbit", type=int, default=200, help="tbf ceiling per NIC (default 200)")
+    ap.add_argument("--nics", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
+    ap.add_argument("--rounds", type=int, default=2, help="iperf3/plugin rounds (default 2)")
+    ap.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        help="TCP streams per NIC (default 4 = RAILHOP_STREAMS_PER_LANE default)",
+    )
+    ap.add_argument("--conns-per-nic", type=int, default=1)
+    ap.add_argument("--size", type=int, default=4 << 20, help="message size (default 4 MiB)")
+    ap.add_argument("--plugin", help="plugin .so (default: railhop.paths / a make ctest build)")
+    ap.add_argument("--harness", help="railhop-harness (default: railhop.paths)")
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--env", action="append", default=[], help="K=V for the plugin (repeat)")
+    args = ap.parse_args()
+    for kv in args.env:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    _common.need_root("bench/fabric_throughput.py")
+    if args.quick:
+        args.seconds, args.rounds = 3.0, 1
+    if args.plugin:
+        os.environ["RAILHOP_PLUGIN_PATH"] = args.plugin
+    if args.harness:
+        os.environ["RAILHOP_HARNESS_PATH"] = args.harness
+    use_source_tree_build()
+    try:
+        plugin = paths.plugin_path()
+        paths.harness_path()
+    except paths.NotInstalledError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.environ["RAILHOP_STREAMS_PER_LANE"] = str(args.streams)
+    print(f"railhop fabric throughput | {_common.stamp()} | {_common.machine()}")
+    print(
+        f"  fabric: 2 nodes x {args.nics} NICs, tbf {args.rate_mbit} Mbit/s per NIC per "
+        f"direction; {args.streams} TCP streams per NIC; plugin {plugin}"
+    )
+    rounds: list[dict[str, Any]] = []
+    with Fabric(
+        nodes=2, nics=args.nics, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhbt")
+    ) as fab:
+        for r in range(args.rounds):
+            ip = run_iperf(fab, args.nics, args.streams, args.seconds)
+            pl = run_plugin(fab, args.nics, args.nics * args.conns_per_nic, args.seconds, args.size)
+            ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
+            print(
+                f"  round {r + 1}: iperf3 {_common.mbit(ip['wire_Bps']):8.1f} Mbit/s wire "
+                f"({_common.mbit(ip['goodput_Bps']):7.1f} goodput) | plugin "
+                f"{_common.mbit(pl['wire_Bps']):8.1f} Mbit/s wire "
+                f"({_common.mbit(pl['goodput_Bps']):7.1f} goodput, "
+                f"{pl['bytes_checked'] / 2**20:.0f} MiB checked) | ratio {ratio:.3f}"
+            )
+            rounds.append({"iperf3": ip, "plugin": pl, "ratio": ratio})
+    ceiling = args.nics * args.rate_mbit
+    ip_med = _common.median([x["iperf3"]["wire_Bps"] for x in rounds])
+    pl_med = _common.median([x["plugin"]["wire_Bps"] for x in rounds])
+    ratio = pl_med / ip_med if ip_med else 0.0
+    errors = sum(x["plugin"]["data_errors"] for x in rounds)
+    print("summary:")
+    print(f"  configured ceiling          {ceiling:8.1f} Mbit/s")
+    print(f"  raw TCP (iperf3), median    {_common.mbit(ip_med):8.1f} Mbit/s")
+    print(f"  plugin (harness), median    {_common.mbit(pl_med):8.1f} Mbit/s")
+    print(
+        f"  plugin / raw TCP            {ratio:8.3f}   (target >= 0.9) "
+        f"{'PASS' if ratio >= 0.9 else 'BELOW TARGET'}"
+    )
+    print(f"  data errors                 {errors:8d}")
+    _common.write_json(
+        args.json,
+        {
+            "bench": "fabric_throughput",
+            "date": _common.stamp(),
+            "machine": _common.machine(),
+            "args": vars(args),
+            "rounds": rounds,
+            "ratio": ratio,
+        },
+    )
+    return 0 if errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

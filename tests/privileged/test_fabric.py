@@ -1,0 +1,288 @@
+"""The emulated fabric: connectivity, source routing, rate limits, faults, clean-up (root)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyroute2 import netns
+
+from conftest import require
+from railhop.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_prefix
+
+pytestmark = pytest.mark.privileged
+
+AGENT_DIR = str(Path(__file__).resolve().parents[2] / "agent")
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def our_netns(prefix: str) -> list[str]:
+    return sorted(n for n in netns.listnetns() if owns_netns(prefix, n))
+
+
+@pytest.fixture(scope="module")
+def fab() -> Iterator[Fabric]:
+    require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
+    with Fabric(nodes=2, nics=4, rate_mbit=100, prefix=unique_prefix("rhtf")) as f:
+        yield f
+
+
+@pytest.fixture(autouse=True)
+def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "fab" in request.fixturenames:
+        request.getfixturevalue("fab").heal_all()
+
+
+def test_connectivity_every_pair(fab: Fabric) -> None:
+    for i in range(4):
+        for j in range(4):
+            assert fab.tcp_check((0, i), (1, j)) == "ok", (i, j)
+    assert fab.tcp_check((1, 2), (0, 1)) == "ok"
+    assert fab.tcp_check((0, 1), (0, 1)) == "ok"  # same host, same NIC (loopback)
+
+
+def test_source_routing_uses_the_source_nic(fab: Fabric) -> None:
+    nbytes = 4 << 20
+    for src, dst in (((0, 1), (1, 3)), ((0, 3), (1, 0)), ((1, 2), (0, 2))):
+        before = fab.counters()
+        assert fab.tcp_check(src, dst, timeout=5.0, nbytes=nbytes) == "ok"
+        after = fab.counters()
+        tx = {i: after[(src[0], i)].tx_bytes - before[(src[0], i)].tx_bytes for i in range(4)}
+        rx = {j: after[(dst[0], j)].rx_bytes - before[(dst[0], j)].rx_bytes for j in range(4)}
+        assert tx[src[1]] >= nbytes, (src, dst, tx)
+        assert rx[dst[1]] >= nbytes, (src, dst, rx)
+        for i in range(4):
+            if i != src[1]:
+                assert tx[i] < nbytes // 100, (src, dst, tx)
+            if i != dst[1]:
+                assert rx[i] < nbytes // 100, (src, dst, rx)
+
+
+def _stream_rate(fab: Fabric, src: tuple[int, int], dst: tuple[int, int], seconds: float) -> float:
+    """Bytes/s a single TCP stream gets from NIC src to NIC dst, from the receiver's counter."""
+    srv = fab.socket(dst[0])
+    cli = fab.socket(src[0])
+    stop = threading.Event()
+    got = [0]
+
+    def drain(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(seconds + 5)
+            while True:
+                b = conn.recv(1 << 20)
+                if not b:
+                    return
+                got[0] += len(b)
+
+    try:
+        srv.bind((fab.address(*dst), 0))
+        srv.listen(1)
+        srv.settimeout(5)
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, fab.ifname(src[1]).encode())
+        cli.bind((fab.address(*src), 0))
+        cli.settimeout(5)
+        cli.connect(srv.getsockname())
+        conn, _ = srv.accept()
+        th = threading.Thread(target=drain, args=(conn,), daemon=True)
+        th.start()
+        buf = b"\x5a" * (1 << 18)
+        timer = threading.Timer(seconds + 0.5, stop.set)
+        timer.start()
+        cli.sendall(buf * 4)  # warm-up, not counted
+        t0 = time.monotonic()
+        c0 = fab.nic_bytes(*dst).rx_bytes
+        while time.monotonic() - t0 < seconds:
+            cli.sendall(buf)
+        c1 = fab.nic_bytes(*dst).rx_bytes
+        dt = time.monotonic() - t0
+        timer.cancel()
+        cli.shutdown(socket.SHUT_WR)
+        th.join(seconds + 5)
+        return (c1 - c0) / dt
+    finally:
+        cli.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("direction", ["node0->node1", "node1->node0"])
+def test_tbf_limits_each_nic(fab: Fabric, direction: str) -> None:
+    src, dst = ((0, 2), (1, 2)) if direction == "node0->node1" else ((1, 2), (0, 2))
+    rate = _stream_rate(fab, src, dst, seconds=1.5)
+    limit = 100e6 / 8
+    # wire bytes include headers; the ceiling holds within a few percent, and one stream fills it
+    assert 0.80 * limit <= rate <= 1.06 * limit, f"{rate * 8 / 1e6:.1f} Mbit/s vs 100"
+
+
+def test_carrier_down_local(fab: Fabric) -> None:
+    fab.carrier_down(0, 1, end="local")
+    st = fab.link_state(0, 1)
+    assert not st.admin_up and not st.carrier and not st.peer_carrier
+    assert fab.tcp_check((0, 1), (1, 1), timeout=0.5) in ("ENETUNREACH", "ENETDOWN")
+    assert fab.tcp_check((0, 0), (1, 0)) == "ok"
+    assert fab.faults() == {(0, 1): frozenset({FaultKind.CARRIER_LOCAL})}
+    fab.heal(0, 1)
+    assert fab.tcp_check((0, 1), (1, 1)) == "ok"
+    assert fab.faults() == {}
+
+
+def test_carrier_down_remote(fab: Fabric) -> None:
+    fab.carrier_down(1, 2, end="remote")
+    st = fab.link_state(1, 2)
+    assert st.admin_up and not st.carrier and not st.peer_admin_up
+    assert fab.tcp_check((1, 2), (0, 2), timeout=0.5) != "ok"
+    assert fab.tcp_check((0, 2), (1, 2), timeout=0.5) != "ok"
+    assert fab.tcp_check((1, 3), (0, 2)) == "ok"
+    fab.heal(1, 2)
+    assert fab.tcp_check((0, 2), (1, 2)) == "ok"
+
+
+def test_blackhole_is_silent_and_total(fab: Fabric) -> None:
+    before = fab.counters()
+    fab.blackhole(0, 3)
+    st = fab.link_state(0, 3)
+    assert st.admin_up and st.carrier and st.peer_carrier and st.operstate == "UP"
+    assert not st.forwarding
+    # silent: no refusal, no unreachable error, just nothing; total: both ways, every rail
+    assert fab.tcp_check((0, 3), (1, 3), timeout=0.5) == "timeout"
+    assert fab.tcp_check((1, 3), (0, 3), timeout=0.5) == "timeout"
+    assert fab.tcp_check((0, 3), (1, 1), timeout=0.5) == "timeout"
+    assert fab.tcp_check((1, 0), (0, 3), timeout=0.5) == "timeout"
+    assert fab.tcp_check((0, 2), (1, 2)) == "ok"
+    after = fab.counters()
+    # the node kept transmitting (SYN retries) while nothing came back on that NIC
+    assert after[(0, 3)].tx_packets > before[(0, 3)].tx_packets
+    assert after[(0, 3)].rx_packets == before[(0, 3)].rx_packets
+    assert fab.link_state(0, 3).carrier  # still up at the end
+    fab.heal(0, 3)
+    assert fab.link_state(0, 3).forwarding
+    assert fab.tcp_check((0, 3), (1, 3)) == "ok"
+
+
+def test_flap_toggles_and_ends_by_itself(fab: Fabric) -> None:
+    seen: list[bool] = []
+    th = fab.flap(0, 0, hz=5, duration=1.2)
+    t_end = time.monotonic() + 1.6
+    while time.monotonic() < t_end:
+        seen.append(fab.link_state(0, 0).admin_up)
+        time.sleep(0.02)
+    transitions = sum(1 for a, b in itertools.pairwise(seen) if a != b)
+    assert transitions >= 6, f"saw {transitions} carrier transitions at 5 Hz over 1.2 s"
+    th.join(3.0)
+    assert not th.is_alive()
+    wait_until(lambda: fab.link_state(0, 0).operstate == "UP", 3.0, "nic0 up after the flap")
+    assert fab.tcp_check((0, 0), (1, 0), timeout=3.0) == "ok"
+
+
+def test_heal_stops_a_flap_early(fab: Fabric) -> None:
+    th = fab.flap(1, 1, hz=5, duration=30, end="remote")
+    time.sleep(0.25)
+    t0 = time.monotonic()
+    fab.heal(1, 1)
+    assert time.monotonic() - t0 < 3.0
+    assert not th.is_alive()
+    assert fab.tcp_check((1, 1), (0, 1), timeout=3.0) == "ok"
+
+
+def test_several_faults_then_heal_all(fab: Fabric) -> None:
+    fab.carrier_down(0, 0)
+    fab.carrier_down(1, 1, end="remote")
+    fab.blackhole(0, 2)
+    assert set(fab.faults()) == {(0, 0), (1, 1), (0, 2)}
+    fab.heal_all()
+    assert fab.faults() == {}
+    for i in range(4):
+        assert fab.tcp_check((0, i), (1, i), timeout=3.0) == "ok"
+
+
+def test_popen_runs_inside_the_node(fab: Fabric) -> None:
+    out = fab.run(1, ["cat", "/proc/net/dev"], timeout=10).stdout
+    assert all(f"nic{i}:" in out for i in range(4))
+    ls = fab.run(1, ["ls", "/sys/class/net"], timeout=10).stdout.split()
+    assert sorted(ls) == ["lo", "nic0", "nic1", "nic2", "nic3"]
+    with pytest.raises(FabricError):
+        fab.run(0, ["sleep", "30"], timeout=0.3)
+
+
+def test_bad_arguments(fab: Fabric) -> None:
+    with pytest.raises(FabricError):
+        fab.carrier_down(0, 9)
+    with pytest.raises(FabricError):
+        fab.flap(0, 0, hz=0, duration=1)
+    with pytest.raises(FabricError):
+        Fabric(prefix=fab.prefix).up()  # a live owner holds the prefix
+
+
+def test_two_fabrics_side_by_side_and_cleanup() -> None:
+    p1, p2 = unique_prefix("rhtf"), unique_prefix("rhtf")
+    with Fabric(nodes=2, nics=2, prefix=p1) as a, Fabric(nodes=3, nics=1, prefix=p2) as b:
+        assert a.tcp_check((0, 1), (1, 1)) == "ok"
+        assert b.tcp_check((2, 0), (0, 0)) == "ok"
+        proc = a.popen(0, ["sleep", "60"])
+        assert len(our_netns(p1)) == 3 and len(our_netns(p2)) == 4
+    assert our_netns(p1) == [] and our_netns(p2) == []
+    assert proc.poll() is not None  # killed on close
+    assert not Path(f"/run/railhop-fabric/{p1}.pid").exists()
+
+
+SCRIPT = """
+import sys, time
+sys.path.insert(0, {agent!r})
+from railhop.fabric import Fabric
+f = Fabric(nodes=2, nics=2, prefix={prefix!r})
+f.up()
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def _child_with_fabric(prefix: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(agent=AGENT_DIR, prefix=prefix)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # bounded: the child sleeps at most 60 s
+    assert line.strip() == "up", line
+    assert len(our_netns(prefix)) == 3
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_cleans_up(sig: int) -> None:
+    prefix = unique_prefix("rhtf")
+    proc = _child_with_fabric(prefix)
+    proc.send_signal(sig)
+    proc.wait(60)
+    assert our_netns(prefix) == []
+
+
+def test_stale_objects_of_a_killed_run_are_removed() -> None:
+    prefix = unique_prefix("rhtf")
+    proc = _child_with_fabric(prefix)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(60)
+    assert len(our_netns(prefix)) == 3
+    with Fabric(nodes=2, nics=1, prefix=unique_prefix("rhtf")):
+        # any new fabric removes the leftovers of owners that are gone
+        assert our_netns(prefix) == []
+    with Fabric(nodes=1, nics=1, prefix=prefix) as f:  # and the prefix is usable again
+        assert sorted(our_netns(prefix)) == sorted([f.netns(0), f.spine_netns])
+    assert os.path.exists("/var/run/netns")

@@ -1,0 +1,289 @@
+"""Failover on the emulated fabric (issue 4), through the harness; every byte checked (root).
+
+Each test runs 4 connections (connection c on NIC c % 4 at both ends) over the rate-limited
+fabric, injects a fault mid-run and checks that nothing is lost or corrupted (both sides count
+the same messages and bytes, zero data and request errors), that the connections on the faulted
+NIC resume, and that an unrecoverable fault gives a clean error instead of a hang. The bounds
+here are generous (2 shared cores); bench/failover_timeline.py measures the real numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from conftest import require
+from railhop import paths
+from railhop.fabric import CounterSampler, Fabric, unique_prefix
+from railhop.harness import (
+    HarnessConfig,
+    HarnessResult,
+    HarnessRun,
+    bytes_at,
+    longest_stall,
+    use_source_tree_build,
+    wait_for_bytes,
+)
+
+pytestmark = pytest.mark.privileged
+
+MiB = 1 << 20
+RATE_MBIT = 200
+COMPLETION_TIMEOUT_S = 1.0  # RAILHOP_COMPLETION_TIMEOUT default (1000 ms)
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
+    use_source_tree_build()
+    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
+        try:
+            fn()
+        except paths.NotInstalledError as e:
+            require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
+
+
+@pytest.fixture(scope="module")
+def fab(built: None) -> Iterator[Fabric]:
+    with Fabric(nodes=2, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhtv")) as f:
+        yield f
+
+
+@pytest.fixture(autouse=True)
+def _healed(fab: Fabric) -> Iterator[None]:
+    fab.heal_all()
+    yield
+    fab.heal_all()
+
+
+def cfg(duration: float, seed: int, **kw: object) -> HarnessConfig:
+    base: dict[str, object] = {
+        "conns": 4,
+        "sizes": (MiB, 4096, 3 * MiB + 5, 0),
+        "duration": duration,
+        "deadline": duration + 30,
+        "seed": seed,
+    }
+    base.update(kw)
+    return HarnessConfig(**base)  # type: ignore[arg-type]
+
+
+def now_h(run: HarnessRun) -> float:
+    """The harness clock (s since the processes started)."""
+    return time.monotonic() - run.started_at
+
+
+def sleep_until_h(run: HarnessRun, t: float) -> None:
+    time.sleep(max(0.0, min(t - now_h(run), 60.0)))
+
+
+def warm_up(run: HarnessRun) -> None:
+    """Wait (bounded) until every connection moves data."""
+    wait_for_bytes(run, 16 * MiB, timeout=20)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        prog = run.sides["recv"].progress
+        if prog and len(prog[-1].per_conn) == 4 and min(prog[-1].per_conn) > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not every connection moved data: {prog[-1] if prog else None}")
+
+
+def assert_lossless(res: HarnessResult) -> None:
+    assert res.ok, res.describe()
+    s, r = res.send.summary, res.recv.summary
+    assert s is not None and r is not None
+    assert s.msgs == r.msgs > 0, res.describe()
+    assert s.bytes == r.bytes, res.describe()
+    assert r.data_errors == 0 and s.data_errors == 0
+
+
+def assert_resumed(res: HarnessResult, conn: int, t_fault: float, bound_s: float) -> None:
+    prog = res.recv.progress
+    before = bytes_at(prog, t_fault, conn)
+    assert prog[-1].per_conn[conn] > before + 2 * MiB, (
+        f"connection {conn} did not resume after the fault at t={t_fault:.2f}: "
+        f"{before} -> {prog[-1].per_conn[conn]}\n{res.describe()}"
+    )
+    stall = longest_stall(prog, start=t_fault, conn=conn)
+    assert stall < bound_s, f"connection {conn} stalled {stall:.2f} s (bound {bound_s} s)"
+
+
+@dataclass(frozen=True)
+class Carrier:
+    node: int
+    end: str
+
+
+@pytest.mark.parametrize(
+    "where",
+    [Carrier(0, "local"), Carrier(1, "local"), Carrier(0, "remote")],
+    ids=["local-end", "remote-end", "switch-side-of-local"],
+)
+def test_carrier_loss(fab: Fabric, where: Carrier) -> None:
+    with HarnessRun(fab, cfg(6.0, seed=11)) as run:
+        warm_up(run)
+        t_fault = now_h(run)
+        fab.carrier_down(where.node, 1, end=where.end)  # type: ignore[arg-type]
+        res = run.wait()
+    assert_lossless(res)
+    assert_resumed(res, conn=1, t_fault=t_fault, bound_s=2.5)
+
+
+def test_silent_blackhole(fab: Fabric) -> None:
+    with HarnessRun(fab, cfg(7.0, seed=12)) as run:
+        warm_up(run)
+        t_fault = now_h(run)
+        fab.blackhole(0, 2)
+        res = run.wait()
+    assert fab.link_state(0, 2).carrier  # it stayed silent
+    assert_lossless(res)
+    # detection needs the completion timeout (1 s) plus a probe; target 1.5 s, bound generous
+    assert_resumed(res, conn=2, t_fault=t_fault, bound_s=1.5 * COMPLETION_TIMEOUT_S + 2.0)
+
+
+def test_flap_5hz(fab: Fabric) -> None:
+    with HarnessRun(fab, cfg(8.0, seed=13)) as run:
+        warm_up(run)
+        t_fault = now_h(run)
+        flapper = fab.flap(0, 3, hz=5, duration=2.5)
+        flapper.join(10)
+        t_end = now_h(run)
+        res = run.wait()
+    assert_lossless(res)
+    prog = res.recv.progress
+    assert prog[-1].per_conn[3] > bytes_at(prog, t_end, 3) + 2 * MiB, res.describe()
+    assert longest_stall(prog, start=t_fault, conn=3) < 4.0
+
+
+def test_two_then_three_of_four_down(fab: Fabric) -> None:
+    steps = [
+        lambda: fab.carrier_down(0, 1),
+        lambda: fab.blackhole(1, 2),
+        lambda: fab.carrier_down(0, 3, end="remote"),
+    ]
+    times = []
+    with HarnessRun(fab, cfg(12.0, seed=14)) as run:
+        warm_up(run)
+        for i, step in enumerate(steps):
+            times.append(now_h(run))
+            step()
+            # every connection moves again before the next fault (bounded wait)
+            deadline = time.monotonic() + 6
+            base = list(run.sides["recv"].progress[-1].per_conn)
+            while time.monotonic() < deadline:
+                cur = run.sides["recv"].progress[-1].per_conn
+                if all(c > b + MiB for c, b in zip(cur, base, strict=True)):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError(f"not every connection resumed after fault {i + 1}")
+        res = run.wait()
+    assert_lossless(res)
+    prog = res.recv.progress
+    for conn in range(4):  # all four ride on the last pair (rail 0) at the end
+        assert prog[-1].per_conn[conn] > bytes_at(prog, times[-1], conn) + MiB
+
+
+@pytest.mark.parametrize("fault", ["carrier", "blackhole"])
+def test_all_nics_down_is_a_clean_error(fab: Fabric, fault: str) -> None:
+    c = cfg(30.0, seed=15, expect_error=True, deadline=40.0)
+    with HarnessRun(fab, c, grace_s=5) as run:
+        warm_up(run)
+        t_fault = now_h(run)
+        for nic in range(4):
+            if fault == "carrier":
+                fab.carrier_down(1, nic)
+            else:
+                fab.blackhole(1, nic)
+        # no hang: both sides must be done well within the harness's own deadline
+        res = run.wait(timeout=t_fault + 2 * COMPLETION_TIMEOUT_S + 8.0)
+    for side in (res.send, res.recv):
+        assert not side.timed_out, res.describe()
+        assert side.returncode == 0, res.describe()  # --expect-error: clean error, no data error
+        s = side.summary
+        assert s is not None and s.data_errors == 0, res.describe()
+        assert s.first_error is not None and s.first_error.clean, res.describe()
+    # the error reaches the sender within 2x the completion timeout (+ scheduling slack)
+    fe = res.send.summary.first_error if res.send.summary else None
+    assert fe is not None
+    assert fe.t - t_fault <= 2 * COMPLETION_TIMEOUT_S + 0.5, res.describe()
+
+
+def test_heal_and_fail_back(fab: Fabric) -> None:
+    with HarnessRun(fab, cfg(9.0, seed=16)) as run, CounterSampler(fab) as samp:
+        warm_up(run)
+        fab.carrier_down(0, 1)
+        sleep_until_h(run, now_h(run) + 2.0)
+        t_heal = time.monotonic()
+        fab.heal(0, 1)
+        # back on the original pair within 2 s (fail-back interval 1 s): NIC 1 carries its share
+        time.sleep(3.5)
+        res = run.wait()
+    assert_lossless(res)
+    t0, t1 = t_heal + 2.5, t_heal + 3.5
+    mine = samp.rate(0, 1, t0, t1)
+    others = [samp.rate(0, i, t0, t1) for i in (0, 2, 3)]
+    assert mine >= 0.5 * (sum(others) / 3), (mine, others)
+
+
+def soak_plan(seed: int, duration: float, nics: int = 4) -> list[tuple[float, str, int, int]]:
+    """A random fault schedule: (time, action, node, nic); one rail always stays healthy."""
+    rng = random.Random(seed)
+    keep = rng.randrange(nics)
+    plan: list[tuple[float, str, int, int]] = []
+    busy_until: dict[tuple[int, int], float] = {}
+    t = 1.0
+    while t < duration - 4.0:
+        node, nic = rng.randrange(2), rng.choice([i for i in range(nics) if i != keep])
+        if busy_until.get((node, nic), 0.0) <= t:
+            action = rng.choice(["carrier_local", "carrier_remote", "blackhole", "flap"])
+            hold = rng.uniform(0.5, 3.0)
+            plan.append((t, action, node, nic))
+            plan.append((t + hold, "heal", node, nic))
+            busy_until[(node, nic)] = t + hold + 0.1
+        t += rng.uniform(0.3, 1.5)
+    return sorted(plan)
+
+
+def test_soak_plan_keeps_a_rail() -> None:
+    for seed in range(20):
+        plan = soak_plan(seed, 45.0)
+        assert plan and plan[-1][0] < 45.0
+        rails = {nic for _, action, _, nic in plan if action != "heal"}
+        assert len(rails) <= 3
+
+
+def test_randomized_fault_soak(fab: Fabric) -> None:
+    seed = int(time.time()) % 100000
+    duration = 45.0
+    plan = soak_plan(seed, duration)
+    applied = []
+    with HarnessRun(fab, cfg(duration, seed=seed, deadline=duration + 20)) as run:
+        warm_up(run)
+        t_base = now_h(run)
+        for t, action, node, nic in plan:
+            sleep_until_h(run, t_base + t)
+            if action == "heal":
+                fab.heal(node, nic)
+            elif action == "carrier_local":
+                fab.carrier_down(node, nic, end="local")
+            elif action == "carrier_remote":
+                fab.carrier_down(node, nic, end="remote")
+            elif action == "blackhole":
+                fab.blackhole(node, nic)
+            else:
+                fab.flap(node, nic, hz=5, duration=1.0)
+            applied.append((round(now_h(run), 2), action, node, nic))
+        fab.heal_all()
+        res = run.wait()
+    try:
+        assert_lossless(res)
+    except AssertionError as e:
+        raise AssertionError(f"soak seed={seed} faults={applied}: {e}") from None
+    assert len(applied) >= 10, applied
