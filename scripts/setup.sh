@@ -48,6 +48,6 @@ newest=$(find pyproject.toml CMakeLists.txt agent plugin bpf policies -newer "$s
 if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
 	echo "setup: installing railhop into $VENV"
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
-	"$VENV/bin/pip" install -q -e ".[dev]"
+	"$VENV/bin/pip" install -q ".[dev]"
 	touch "$stamp"
 fi

@@ -292,5 +292,174 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# demo, status, sources
+
+
+@cli.command("demo")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("railhop-demo"),
+    show_default=True,
+    help="Where results.json, timeline.png and the traces are written.",
+)
+@click.option("--rate-mbit", type=click.IntRange(10, 100000), default=200, show_default=True)
+@click.option("--quick", is_flag=True, help="Shorter phases (a smoke run).")
+def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool) -> None:
+    """Failover demo on an emulated 2-node, 4-NIC fabric (needs root)."""
+    from railhop.demo import run_demo
+
+    raise SystemExit(run_demo(out_dir, rate_mbit=rate_mbit, quick=quick))
+
+
+@cli.command("status")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RAILHOP_RUN_DIR",
+    default=None,
+    help="The agent's run directory (default $RAILHOP_RUN_DIR or /run/railhop).",
+)
+def status_cmd(run_dir: Path | None) -> None:
+    """Live NIC health and plans as published by the agent."""
+    import time
+
+    from railhop.control import ControlError
+    from railhop.control.plane import default_run_dir
+    from railhop.control.status import format_status
+    from railhop.control.table import read_table
+
+    table = (run_dir or default_run_dir()) / "health.tbl"
+    if not table.exists():
+        raise DomainError(f"no agent table at {table}: is `railhop agent` running?")
+    try:
+        snap = read_table(table)
+    except ControlError as e:
+        raise DomainError(f"{table}: {e}") from e
+    click.echo(format_status(snap, time.monotonic_ns()), nl=False)
+
+
+@cli.command("agent")
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Site policy file (default: the built-in permissive policy). Reloaded when it changes.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RAILHOP_RUN_DIR",
+    default=None,
+    help="Where health.tbl and agent.sock live (default $RAILHOP_RUN_DIR or /run/railhop).",
+)
+@_root_option
+@click.option("--nic", "nics", multiple=True, help="Netdevs to manage (repeatable or a,b).")
+@click.option("--owner-uid", type=int, default=None, help="uid of the jobs (socket owner).")
+@click.option("--heartbeat-ms", type=click.IntRange(10, 60000), default=250, show_default=True)
+@click.option("--duration", type=click.FloatRange(min=0.0), default=None, help="Stop after SEC.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="RAILHOP_METRICS_PORT",
+    default=None,
+    help="Serve Prometheus metrics on this port (0: any free port; default: off).",
+)
+@click.option("--metrics-addr", envvar="RAILHOP_METRICS_ADDR", default="0.0.0.0", show_default=True)
+@click.option(
+    "--traces/--no-traces",
+    default=True,
+    show_default=True,
+    help="Export failover traces as the OTEL_* variables say (OTEL_TRACES_EXPORTER=none: off).",
+)
+@click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="RAILHOP_TRACE_FILE",
+    default=None,
+    help="Also append failover traces as OTLP/JSON lines to this file.",
+)
+@click.option(
+    "--usdt-lib",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Trace this plugin library's USDT probes (lane events, per-lane bytes/latency).",
+)
+@click.option(
+    "--plugin-nics",
+    default="",
+    envvar="RAILHOP_NICS",
+    help="The plugins' NIC order as in RAILHOP_NICS (ifname[:rail],...).",
+)
+@click.option("--check", is_flag=True, help="Print the capability report and exit.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def agent_cmd(
+    policy_path: Path | None,
+    run_dir: Path | None,
+    root: Path,
+    nics: tuple[str, ...],
+    owner_uid: int | None,
+    heartbeat_ms: int,
+    duration: float | None,
+    metrics_port: int | None,
+    metrics_addr: str,
+    traces: bool,
+    trace_file: Path | None,
+    usdt_lib: Path | None,
+    plugin_nics: str,
+    check: bool,
+    verbose: bool,
+) -> None:
+    """Run the node agent: sources -> health -> plan -> plugins (stops cleanly on SIGTERM)."""
+    import logging
+
+    from railhop.control import ControlError
+    from railhop.daemon import AgentConfig, AgentError, parse_nics, run_agent
+
+    if check:
+        from railhop.sources.cli import run_check
+
+        caps = run_check(parse_nics(nics), str(usdt_lib) if usdt_lib else None, False)
+        raise SystemExit(0 if any(c.attached for c in caps) else 2)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    cfg = AgentConfig(
+        policy_path=policy_path,
+        run_dir=run_dir,
+        sys_root=root,
+        nics=parse_nics(nics),
+        heartbeat_ms=heartbeat_ms,
+        owner_uid=owner_uid,
+        duration_s=duration,
+        traces=traces,
+        trace_file=trace_file,
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
+        usdt_lib=usdt_lib,
+        plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
+    )
+    try:
+        code = run_agent(cfg)
+    except PolicyError as e:
+        raise click.BadParameter(str(e), param_hint="--policy") from e
+    except (AgentError, ControlError) as e:
+        raise DomainError(str(e)) from e
+    raise SystemExit(code)
+
+
+def _register_sources() -> None:
+    from railhop.sources.cli import sources_cmd
+
+    cli.add_command(sources_cmd)
+
+
+_register_sources()
+
+
 def main() -> None:
     cli()

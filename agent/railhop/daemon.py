@@ -13,8 +13,15 @@ them, on one event loop:
 - the policy file is re-read when its mtime changes; a file that turned invalid is logged and
   the last good policy stays in force;
 - SIGTERM/SIGINT (or ``duration_s``) stop the loop; shutdown (sources, then the control plane,
-  which marks the table "agent gone" and removes the socket) is bounded by
+  which marks the table "agent gone" and removes the socket, then trace export) is bounded by
   ``shutdown_timeout_s``.
+
+Observability (docs/tracing.md): the same inputs feed a :class:`railhop.tracing.FailoverTracer`
+(one OpenTelemetry trace per failover, timed by the events' own timestamps, exported as the
+``OTEL_*`` variables say, never blocking the loop) and :class:`railhop.metrics.AgentMetrics`
+(a Prometheus endpoint when ``metrics_port`` is set). Plugin lane events come from
+``agent.sock``, or from the plugin's USDT probes (``usdt_lib``, :class:`UsdtLaneTranslator`);
+USDT ones feed traces and metrics only, never the health model.
 
 The pieces it plugs together (topology reader, policy loader, planner, sources) are parameters,
 so tests and the demo run it on fixture trees and emulated fabrics.
@@ -29,13 +36,14 @@ import logging
 import math
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from railhop import health
+from railhop import health, tracing
 from railhop.control import (
     Backup,
     ControlPlane,
@@ -47,6 +55,7 @@ from railhop.control import (
     Reason,
     ReceivedEvent,
 )
+from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
 from railhop.topology import Nic, Topology, read_topology
 
@@ -73,6 +82,14 @@ class AgentConfig:
     shutdown_timeout_s: float = 5.0
     duration_s: float | None = None  # stop after this long (tests, demo); None: until a signal
     sources: tuple[str, ...] = ("netlink", "sysfs")  # which default sources to start
+    traces: bool = False  # export failover traces as the OTEL_* variables say
+    trace_file: Path | None = None  # also append OTLP/JSON lines here
+    metrics_port: int | None = None  # Prometheus endpoint; None: off, 0: an ephemeral port
+    metrics_addr: str = "0.0.0.0"  # a scrape target listens on every address
+    # the plugin library to trace with USDT (lane events for traces/metrics when the plugin does
+    # not send them on agent.sock, and per-lane bytes/latency); None: no USDT source
+    usdt_lib: Path | None = None
+    plugin_nics: tuple[str, ...] = ()  # the plugins' NIC order (RAILHOP_NICS); empty: auto
 
 
 class SourceLike(Protocol):
@@ -119,6 +136,13 @@ def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list
             )
         except Exception as e:
             log.warning("sysfs counter source unavailable: %s", e)
+    if config.usdt_lib is not None:
+        try:
+            from railhop.sources.usdt import UsdtSource
+
+            out.append(UsdtSource(config.usdt_lib))
+        except Exception as e:
+            log.warning("USDT source unavailable: %s", e)
     return out
 
 
@@ -210,6 +234,101 @@ def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Ev
     if ev.type is EventType.LANE_ERROR:
         return health.LaneError(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}")
     return None
+
+
+def _signed(v: int) -> int:
+    """A USDT argument read as unsigned 64-bit back to its signed value."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class UsdtLaneTranslator:
+    """The plugin's USDT lane probes (``railhop.sources.events.PluginLaneEvent``) as lane
+    events, for traces and metrics when the plugin does not report on ``agent.sock``. Pure
+    (state: which NIC each lane uses). Probe arguments (plugin/src/probes.h):
+    lane_up(conn, lane, lnic, rnic), lane_down(conn, lane, lnic, err),
+    failover_start(conn, lane, err), failover_end(conn, epoch, nactive), failback(conn, lane);
+    ``lnic`` indexes the plugin's NIC list ``nics`` (sorted auto-detected names or RAILHOP_NICS).
+    """
+
+    MAX_LANES = 65536
+
+    def __init__(self, nics: Sequence[str]) -> None:
+        self.nics = list(nics)
+        self._lane_nic: dict[tuple[int, int, int], int] = {}
+        self._conn_nic: dict[tuple[int, int], int] = {}
+
+    def _name(self, idx: int | None) -> str | None:
+        if idx is None or not 0 <= idx < len(self.nics):
+            return None
+        return self.nics[idx]
+
+    def translate(self, ev: object) -> LaneEvent | None:
+        probe = str(getattr(ev, "probe", ""))
+        pid = int(getattr(ev, "pid", 0))
+        t = int(getattr(ev, "ts_ns", 0))
+        a = [_signed(int(x)) for x in getattr(ev, "args", ())] + [0, 0, 0, 0]
+        conn, second = a[0] & 0xFFFFFFFFFFFFFFFF, a[1]
+        if pid <= 0:
+            return None
+        if probe == "lane_up":
+            if len(self._lane_nic) >= self.MAX_LANES:
+                self._lane_nic.clear()
+            self._lane_nic[(pid, conn, second)] = a[2]
+            nic = self._name(a[2])
+            if nic is None:
+                return None
+            return LaneEvent(EventType.LANE_UP, pid, nic, conn_id=conn, lane=second, t_ns=t)
+        if probe == "lane_down":  # the lane's NIC stays known: failover_start follows
+            nic = self._name(a[2])
+            if nic is None:
+                return None
+            err = abs(a[3])
+            etype = EventType.LANE_ERROR if err else EventType.LANE_DOWN
+            return LaneEvent(etype, pid, nic, conn_id=conn, lane=second, t_ns=t, error=err)
+        if probe == "failover_start":
+            idx = self._lane_nic.get((pid, conn, second))
+            nic = self._name(idx)
+            if nic is None or idx is None:
+                return None
+            self._conn_nic[(pid, conn)] = idx
+            return LaneEvent(
+                EventType.FAILOVER_START,
+                pid,
+                nic,
+                conn_id=conn,
+                lane=second,
+                t_ns=t,
+                error=abs(a[2]),
+            )
+        if probe == "failover_end":
+            nic = self._name(self._conn_nic.pop((pid, conn), None))
+            if nic is None:
+                return None
+            return LaneEvent(
+                EventType.FAILOVER_END, pid, nic, conn_id=conn, epoch=second & 0xFFFFFFFF, t_ns=t
+            )
+        if probe == "failback":
+            nic = self._name(self._lane_nic.get((pid, conn, second)))
+            if nic is None:
+                return None
+            return LaneEvent(EventType.FAILBACK, pid, nic, conn_id=conn, lane=second, t_ns=t)
+        return None
+
+
+def plugin_nic_order() -> list[str]:
+    """What the plugin's auto-detection picks in this netns: up, non-loopback interfaces
+    with an IPv4 address, sorted by name (plugin/src/nic.c)."""
+    from pyroute2 import IPRoute
+
+    iff_up, iff_loopback = 0x1, 0x8
+    with IPRoute() as ipr:
+        up = {
+            str(link.get_attr("IFLA_IFNAME"))
+            for link in ipr.get_links()
+            if link["flags"] & iff_up and not link["flags"] & iff_loopback
+        }
+        v4 = {str(a.get_attr("IFA_LABEL")) for a in ipr.get_addr(family=socket.AF_INET)}
+    return sorted(up & v4)
 
 
 _STATE = {
@@ -318,7 +437,12 @@ class Agent:
         planner: Planner = plan,
         source_factory: SourceFactory = default_sources,
         clock: Callable[[], int] = time.monotonic_ns,
+        tracer: tracing.FailoverTracer | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
+        """``tracer``/``metrics``: given ones are used as they are; otherwise they are built
+        from ``config`` (``traces``/``trace_file``, ``metrics_port``) and the process's
+        ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves)."""
         self.config = config
         self._read_topology = topology_reader
         self._load_policy = policy_loader
@@ -338,6 +462,13 @@ class Agent:
         self._alias: dict[str, str] = {}
         self._dirty = True
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.tracer = tracer
+        self.metrics = metrics
+        self.metrics_server: MetricsServer | None = None
+        self._usdt: UsdtLaneTranslator | None = None
+        self._socket_lane_pids: set[int] = set()  # plugins that report on agent.sock
+        self._netns_ino = _netns_ino(os.getpid())
+        self._same_netns: dict[int, bool] = {}
 
     def _now(self) -> float:
         return self._clock() / 1e9
@@ -393,10 +524,45 @@ class Agent:
             link_up={ifname_of(n): n.link_up for n in topo.nics},
         )
 
+    def _setup_telemetry(self) -> None:
+        """Metrics registry + endpoint and the failover tracer, as configured. A bad OTEL_*
+        configuration or a busy port is an AgentError (exit 2); export failures later are not."""
+        assert self.model is not None
+        cfg = self.config
+        names = list(self.model.nics)
+        if self.metrics is None and cfg.metrics_port is not None:
+            self.metrics = AgentMetrics(nics=names, sys_root=cfg.sys_root)
+        if self.metrics is not None:
+            self.metrics.set_nics(names)
+            for nic, h in self.model.nics.items():
+                self.metrics.nic_state_changed(nic, h.state.value)
+        if self.tracer is None and (cfg.traces or cfg.trace_file is not None):
+            try:
+                sinks, _res = tracing.sinks_from_env(
+                    os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"},
+                    trace_file=cfg.trace_file,
+                )
+            except tracing.TracingError as e:
+                raise AgentError(str(e)) from e
+            self.tracer = tracing.FailoverTracer(
+                sinks, offset_ns=tracing.epoch_offset_ns(mono=self._clock)
+            )
+        if self.tracer is not None and self.metrics is not None:
+            self.tracer.observers.append(self.metrics.observe_spans)
+            self.metrics.set_tracer(self.tracer)
+        if self.metrics is not None and cfg.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
+            try:
+                port = self.metrics_server.start()
+            except MetricsError as e:
+                raise AgentError(str(e)) from e
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+
     # -- the work
 
     def _publish(self) -> None:
         assert self.model is not None and self.topology is not None and self.control is not None
+        t0 = self._clock()
         result = self._plan(self.topology, self.model.states, self.policy)
         nics, plans = to_published(self.model, self.topology, result)
         self.control.publish(nics, plans)
@@ -404,6 +570,9 @@ class Agent:
         self._dirty = False
         for w in result.warnings:
             log.debug("plan: %s", w)
+        if self.tracer is not None:
+            for d in decisions(self.topology, result, self.policy.name, t0, self._clock()):
+                self.tracer.decision(d)
 
     def _apply(self, ev: health.Event) -> None:
         assert self.model is not None
@@ -421,19 +590,77 @@ class Agent:
         self.stats.last_transitions = [*self.stats.last_transitions[-31:], tr]
         self._dirty = True
         log.info("%s: %s -> %s (%s)", tr.nic, tr.old.value, tr.new.value, tr.reason)
+        if self.metrics is not None:
+            self.metrics.transition(tr.nic, tr.new.value)
+        if self.tracer is not None:
+            t_ns = round(tr.t * 1e9)
+            self.tracer.transition(
+                tracing.StateChange(
+                    tr.nic, tr.old.value, tr.new.value, tr.reason, t_ns, max(t_ns, self._clock())
+                )
+            )
 
     def _handle(self, kind: str, item: object) -> None:
+        if kind == "source" and type(item).__name__ == "PluginLaneEvent":
+            self.stats.source_events += 1
+            self._usdt_lane_event(item)
+            return
         if kind == "source":
             self.stats.source_events += 1
             hev = health_event_from_source(item, self._alias)
+            if hev is not None and hev.kind in BAD_KINDS and self.tracer is not None:
+                self.tracer.signal(
+                    tracing.Signal(
+                        hev.nic,
+                        str(getattr(item, "source", "") or type(item).__name__),
+                        hev.kind,
+                        int(getattr(item, "ts_ns", 0)),
+                        self._clock(),
+                        str(getattr(item, "hook", "")),
+                    )
+                )
         else:
             assert isinstance(item, ReceivedEvent)
             self.stats.lane_events += 1
             hev = health_event_from_lane(item.event, self._alias)
+            if item.event.type is not EventType.LANE_TIMEOUT:
+                self._socket_lane_pids.add(item.peer.pid)
+            if self.metrics is not None:
+                self.metrics.lane_event(item.event, item.peer.pid)
+            if self.tracer is not None:  # before the health model: the signal opens the span
+                self.tracer.lane_event(item.event, item.peer.pid, self._clock())
         if hev is None:
             self.stats.ignored_events += 1
         else:
             self._apply(hev)
+
+    def _usdt_lane_event(self, ev: object) -> None:
+        """A plugin USDT probe: a lane event for traces and metrics (not for the health
+        model), from plugins of this node's netns that do not report on agent.sock."""
+        if self.tracer is None and self.metrics is None:
+            return
+        pid = int(getattr(ev, "pid", 0))
+        if pid in self._socket_lane_pids or not self._in_my_netns(pid):
+            return
+        if self._usdt is None:
+            self._usdt = UsdtLaneTranslator(self.config.plugin_nics)
+        le = self._usdt.translate(ev)
+        if le is None:
+            return
+        if self.metrics is not None:
+            self.metrics.lane_event(le, pid)
+        if self.tracer is not None:
+            self.tracer.lane_event(le, pid, self._clock())
+
+    def _in_my_netns(self, pid: int) -> bool:
+        same = self._same_netns.get(pid)
+        if same is None:
+            ino = _netns_ino(pid)
+            same = ino is None or self._netns_ino is None or ino == self._netns_ino
+            if len(self._same_netns) > 4096:
+                self._same_netns.clear()
+            self._same_netns[pid] = same
+        return same
 
     def _emit_source(self, ev: object) -> None:
         """Emit callback for sources: safe from any thread; a full inbox drops (counted)."""
@@ -473,6 +700,22 @@ class Agent:
             owner_uid=self.config.owner_uid,
         )
         await self.control.start()
+        try:
+            self._setup_telemetry()
+        except BaseException:
+            await self.control.close(timeout=1.0)
+            raise
+        if self.metrics is not None:
+            self.metrics.set_control(lambda: self.control.counters if self.control else None)
+        if self.config.usdt_lib is not None:
+            nics = list(self.config.plugin_nics)
+            if not nics:
+                try:  # pyroute2's sync API runs its own loop: not on this one
+                    nics = await asyncio.to_thread(plugin_nic_order)
+                except Exception as e:
+                    log.warning("cannot list this netns's NICs for USDT lane events: %s", e)
+            self._usdt = UsdtLaneTranslator(nics)
+            log.info("USDT lane events: plugin NIC order %s", ",".join(nics) or "unknown")
         installed = _install_signals(self._loop, self.request_stop)
         pump = asyncio.create_task(self._pump_lane_events(), name="railhop-lane-events")
         try:
@@ -495,6 +738,11 @@ class Agent:
                 log.warning("source %s failed to start: %s", s.name, e)
                 continue
             self._started.append(s)
+            if self.metrics is not None:
+                self.metrics.sources.labels(s.name).set(1)
+                stats = getattr(s, "lane_stats", None)
+                if callable(stats):
+                    self.metrics.set_lane_stats(stats)
             for c in caps:
                 line = getattr(c, "line", None)
                 log.info("%s", line() if callable(line) else c)
@@ -508,6 +756,8 @@ class Agent:
             if end is not None and now >= end:
                 break
             wake = [next_reload]
+            if self.tracer is not None and self.tracer.assembler.open_failovers:
+                wake.append(now + 1.0)  # tracing timers (fail-back grace, escalation)
             if end is not None:
                 wake.append(end)
             deadline = self.model.next_deadline()
@@ -530,9 +780,13 @@ class Agent:
             self.model, trs = self.model.tick(now)
             for tr in trs:
                 self._transition(tr)
+            if self.tracer is not None:
+                self.tracer.tick(self._clock())
             if now >= next_reload:
                 next_reload = now + self.config.reload_interval_s
                 self._maybe_reload_policy()
+                if self.metrics is not None:
+                    self.metrics.prune()
             if self._dirty:
                 self._publish()
 
@@ -551,6 +805,54 @@ class Agent:
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(pump, 1.0)
+        if self.tracer is not None:  # open failovers end now; export bounded by what is left
+            left = max(0.1, budget - (time.monotonic() - t0))
+            tracer = self.tracer
+            await asyncio.to_thread(tracer.shutdown, self._clock(), left)
+        if self.metrics_server is not None:
+            self.metrics_server.stop(1.0)
+
+
+BAD_KINDS = frozenset(
+    {"carrier_down", "device_fatal", "admin_down", *health.SOFT_KINDS}
+)  # health event kinds that count as a failover's detection signals
+
+
+def decisions(
+    topo: Topology, result: Plan, policy: str, start_ns: int, end_ns: int
+) -> list[tracing.Decision]:
+    """Pure: the plan entries of not-usable NICs as tracing decisions (keyed by ifname)."""
+    by_name = {n.name: n for n in topo.nics}
+    out = []
+    for e in result.entries:
+        owner = by_name.get(e.nic)
+        if owner is None:
+            continue
+        pairs = []
+        for p in e.pairs:
+            local = by_name.get(p.local)
+            pairs.append(
+                tracing.Pair(
+                    local=ifname_of(local) if local is not None else p.local,
+                    rail=p.remote[0],
+                    plane=p.remote[1],
+                    weight=p.weight,
+                    distance=p.distance.name,
+                )
+            )
+        out.append(
+            tracing.Decision(
+                ifname_of(owner), policy, e.action, tuple(pairs), start_ns, max(start_ns, end_ns)
+            )
+        )
+    return out
+
+
+def _netns_ino(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def _mtime(path: Path) -> float | None:

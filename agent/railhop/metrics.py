@@ -1,0 +1,344 @@
+"""Prometheus metrics of the agent (one registry per agent; an HTTP endpoint when asked for).
+
+| metric | type | labels | from |
+|---|---|---|---|
+| ``railhop_nic_state`` | gauge (1 for the current state) | nic, state | health transitions |
+| ``railhop_nic_up`` | gauge | nic | health transitions |
+| ``railhop_nic_transitions_total`` | counter | nic, to | health transitions |
+| ``railhop_failovers_total`` | counter | nic, cause | detection spans |
+| ``railhop_detection_latency_seconds`` | histogram | source | first bad signal -> NIC DOWN |
+| ``railhop_failover_completion_seconds`` | histogram | nic | FAILOVER_START -> _END per conn |
+| ``railhop_escalations_total`` | counter | nic, reason | escalation spans |
+| ``railhop_failbacks_total`` | counter | nic | fail-back spans |
+| ``railhop_lanes`` | gauge | nic (unmanaged: ``other``) | plugin LANE_UP / LANE_DOWN / errors |
+| ``railhop_lane_events_total`` | counter | type | plugin lane events |
+| ``railhop_nic_bytes_total`` | counter | nic, direction | ``/sys/class/net/<nic>/statistics`` |
+| ``railhop_lane_bytes_total`` | counter | pid, lane | plugin USDT ``req_done`` (when traced) |
+| ``railhop_request_completion_seconds`` | histogram | pid, lane | plugin USDT ``req_done`` |
+| ``railhop_sources`` | gauge | source | sources that started (readiness) |
+| ``railhop_trace_spans_total``, ``railhop_trace_errors_total`` | counter | | the tracer |
+| ``railhop_control_*`` | counters/gauges | | the control plane's counters |
+
+The translation of spans and lane events into samples is done here (``observe_spans``,
+``lane_event``); the daemon only calls it. Reading ``/sys`` takes ``root=``; a missing file
+drops that sample, not the scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from railhop.control.events import EventType, LaneEvent
+from railhop.tracing import DETECTION, ESCALATION, FAILBACK, MIGRATION, SpanDesc
+
+log = logging.getLogger("railhop.metrics")
+
+STATES = ("up", "suspect", "down", "recovering")
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MetricsError(Exception):
+    """Base class of metrics errors (the endpoint cannot listen)."""
+
+
+def _ns(v: object) -> float:
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+class AgentMetrics:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        nics: Iterable[str] = (),
+        sys_root: Path | str = "/",
+        pid_alive: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.nics = list(nics)
+        self.sys_root = Path(sys_root)
+        self._pid_alive = pid_alive or _pid_alive
+        self.nic_state = Gauge(
+            "railhop_nic_state",
+            "1 for the NIC's current health state",
+            ["nic", "state"],
+            registry=r,
+        )
+        self.nic_up = Gauge("railhop_nic_up", "1 when the NIC is UP (usable)", ["nic"], registry=r)
+        self.transitions = Counter(
+            "railhop_nic_transitions", "Health state changes", ["nic", "to"], registry=r
+        )
+        self.failovers = Counter(
+            "railhop_failovers", "Failovers started, by NIC and cause", ["nic", "cause"], registry=r
+        )
+        self.detection = Histogram(
+            "railhop_detection_latency_seconds",
+            "First bad signal -> the agent declared the NIC down (or the plugin failed over)",
+            ["source"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.completion = Histogram(
+            "railhop_failover_completion_seconds",
+            "Per connection: the plugin's FAILOVER_START -> FAILOVER_END (traffic resumed)",
+            ["nic"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.escalations = Counter(
+            "railhop_escalations", "Failovers that escalated", ["nic", "reason"], registry=r
+        )
+        self.failbacks = Counter(
+            "railhop_failbacks", "Failovers that ended back on the NIC", ["nic"], registry=r
+        )
+        self.sources = Gauge(
+            "railhop_sources", "1 for each signal source the agent started", ["source"], registry=r
+        )
+        self.lanes = Gauge("railhop_lanes", "Plugin lanes up on the NIC", ["nic"], registry=r)
+        self.lane_events = Counter(
+            "railhop_lane_events", "Plugin lane events received", ["type"], registry=r
+        )
+        self._lanes: dict[tuple[int, int, int], str] = {}  # (peer pid, conn, lane) -> nic
+        self._lock = threading.Lock()
+        self._lane_stats: Callable[[], Sequence[Any]] | None = None
+        self._control: Callable[[], Any] | None = None
+        self._tracer: Any = None
+        r.register(_Dynamic(self))
+        for n in self.nics:
+            self.lanes.labels(n).set(0)
+
+    # -- inputs
+
+    def set_nics(self, nics: Iterable[str]) -> None:
+        self.nics = list(nics)
+        for n in self.nics:
+            self.lanes.labels(n).set(self._count(n))
+
+    def nic_state_changed(self, nic: str, state: str) -> None:
+        for s in STATES:
+            self.nic_state.labels(nic, s).set(1 if s == state else 0)
+        self.nic_up.labels(nic).set(1 if state == "up" else 0)
+
+    def transition(self, nic: str, state: str) -> None:
+        self.transitions.labels(nic, state).inc()
+        self.nic_state_changed(nic, state)
+
+    def observe_spans(self, spans: Sequence[SpanDesc]) -> None:
+        """Counters and histograms that follow from finished failover spans."""
+        for s in spans:
+            a = s.attributes
+            nic = str(a.get("network.interface.name", ""))
+            if s.name == DETECTION:
+                self.failovers.labels(nic, str(a.get("railhop.detection.signal", ""))).inc()
+                src = str(a.get("railhop.detection.source", ""))
+                self.detection.labels(src).observe(_ns(a.get("railhop.detection.latency_ms")) / 1e3)
+            elif s.name == MIGRATION and a.get("railhop.migration.outcome") == "resumed":
+                self.completion.labels(nic).observe(max(0, s.end_ns - s.start_ns) / 1e9)
+            elif s.name == ESCALATION:
+                self.escalations.labels(nic, str(a.get("error.type", ""))).inc()
+            elif s.name == FAILBACK:
+                self.failbacks.labels(nic).inc()
+
+    def lane_event(self, ev: LaneEvent, peer_pid: int) -> None:
+        self.lane_events.labels(ev.type.name.lower()).inc()
+        key = (peer_pid, ev.conn_id, ev.lane)
+        nic = ev.nic if not self.nics or ev.nic in self.nics else "other"  # bounded labels
+        touched: set[str] = set()
+        with self._lock:
+            if ev.type is EventType.LANE_UP:
+                old = self._lanes.get(key)
+                if old is not None:
+                    touched.add(old)
+                self._lanes[key] = nic
+                touched.add(nic)
+            elif ev.type in (EventType.LANE_DOWN, EventType.LANE_ERROR, EventType.LANE_TIMEOUT):
+                old = self._lanes.pop(key, None)
+                if old is not None:
+                    touched.add(old)
+        for n in touched:
+            self.lanes.labels(n).set(self._count(n))
+
+    def prune(self) -> None:
+        """Forgets the lanes of processes that exited (they cannot say LANE_DOWN)."""
+        with self._lock:
+            pids = {k[0] for k in self._lanes}
+            dead = {p for p in pids if not self._pid_alive(p)}
+            if not dead:
+                return
+            touched = {n for k, n in self._lanes.items() if k[0] in dead}
+            self._lanes = {k: n for k, n in self._lanes.items() if k[0] not in dead}
+        for n in touched:
+            self.lanes.labels(n).set(self._count(n))
+
+    def _count(self, nic: str) -> int:
+        with self._lock:
+            return sum(1 for n in self._lanes.values() if n == nic)
+
+    def set_lane_stats(self, fn: Callable[[], Sequence[Any]] | None) -> None:
+        """A provider of per-lane stats (``railhop.sources.usdt.LaneStats``-shaped objects)."""
+        self._lane_stats = fn
+
+    def set_control(self, fn: Callable[[], Any] | None) -> None:
+        """A provider of ``railhop.control.ControlCounters``."""
+        self._control = fn
+
+    def set_tracer(self, tracer: Any) -> None:
+        """A ``railhop.tracing.FailoverTracer`` (its ``spans`` and ``errors`` counts)."""
+        self._tracer = tracer
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Dynamic(Collector):
+    """Samples read at scrape time: NIC byte counters, USDT lane stats, control counters."""
+
+    def __init__(self, m: AgentMetrics) -> None:
+        self.m = m
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector (values only exist at scrape time)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._nic_bytes()
+        yield from self._lanes()
+        yield from self._control()
+        t = self.m._tracer
+        if t is not None:
+            for name, doc, v in (
+                ("railhop_trace_spans", "Failover spans produced", t.spans),
+                ("railhop_trace_errors", "Tracing errors caught (sinks, observers)", t.errors),
+            ):
+                fam = CounterMetricFamily(name, doc)
+                fam.add_metric([], int(v))
+                yield fam
+
+    def _nic_bytes(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(
+            "railhop_nic_bytes",
+            "Bytes through the NIC (sysfs statistics)",
+            labels=["nic", "direction"],
+        )
+        for nic in self.m.nics:
+            base = self.m.sys_root / "sys/class/net" / nic / "statistics"
+            for d in ("rx", "tx"):
+                try:
+                    v = int((base / f"{d}_bytes").read_text().strip())
+                except (OSError, ValueError):
+                    continue
+                fam.add_metric([nic, d], v)
+        yield fam
+
+    def _lanes(self) -> Iterator[Metric]:
+        fn = self.m._lane_stats
+        if fn is None:
+            return
+        try:
+            stats = list(fn())
+        except Exception as e:
+            log.debug("lane stats unavailable: %s", e)
+            return
+        b = CounterMetricFamily(
+            "railhop_lane_bytes",
+            "Bytes completed per plugin lane (USDT req_done)",
+            labels=["pid", "lane"],
+        )
+        h = HistogramMetricFamily(
+            "railhop_request_completion_seconds",
+            "Request completion latency per plugin lane (USDT req_done, log2 buckets)",
+            labels=["pid", "lane"],
+        )
+        for s in stats:
+            labels = [str(s.pid), str(s.lane)]
+            b.add_metric(labels, int(s.bytes))
+            acc = 0
+            buckets: list[tuple[str, float]] = []
+            for i, n in enumerate(s.lat_log2):
+                acc += int(n)
+                buckets.append((repr(2.0 ** (i + 1) / 1e9), float(acc)))
+            buckets.append(("+Inf", float(s.reqs)))
+            h.add_metric(labels, buckets, float(s.lat_sum_ns) / 1e9)
+        yield b
+        yield h
+
+    def _control(self) -> Iterator[Metric]:
+        fn = self.m._control
+        if fn is None:
+            return
+        try:
+            c = fn()
+        except Exception as e:
+            log.debug("control counters unavailable: %s", e)
+            return
+        for name, doc in (
+            ("publishes", "Health table publishes"),
+            ("events", "Lane events decoded"),
+            ("malformed", "Lane event messages dropped as malformed"),
+            ("queue_dropped", "Lane events dropped: agent queue full"),
+            ("peers_rejected", "Event socket peers rejected (uid)"),
+        ):
+            fam = CounterMetricFamily(f"railhop_control_{name}", doc)
+            fam.add_metric([], int(getattr(c, name, 0)))
+            yield fam
+        g = GaugeMetricFamily("railhop_control_clients", "Plugins connected to the event socket")
+        g.add_metric([], int(getattr(c, "clients", 0)))
+        yield g
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint (a daemon thread; :meth:`stop` is bounded)."""
+
+    def __init__(self, metrics: AgentMetrics, port: int, addr: str = "127.0.0.1") -> None:
+        self.metrics = metrics
+        self.addr = addr
+        self.port = port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Listens; returns the bound port (``port=0``: an ephemeral one)."""
+        from prometheus_client import start_http_server
+
+        try:
+            server, thread = start_http_server(self.port, self.addr, registry=self.metrics.registry)
+        except OSError as e:
+            raise MetricsError(f"metrics endpoint {self.addr}:{self.port}: {e}") from e
+        self._server, self._thread = server, thread
+        self.port = int(server.server_address[1])
+        return self.port
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        t = threading.Thread(target=server.shutdown, daemon=True)
+        t.start()
+        t.join(timeout_s)
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,267 @@
+"""A real failover on the emulated fabric, traced (root).
+
+The agent runs inside node 0 (its netlink source sees node 0's NICs), with an OTLP/HTTP receiver
+(tests/unit/test_tracing_otlp.py --serve) in the same netns, configured only by OTEL_* variables.
+The harness moves checked data over 4 connections through the plugin; NIC 1 of node 0 loses
+carrier at the switch side; the test scrapes the metrics endpoint during the failover, heals the
+link, and checks the trace the receiver decoded: span tree, attributes, timings.
+
+The plugin's lane events reach the agent two ways, one test each: on agent.sock (the plugin
+shares the agent's RAILHOP_RUN_DIR), or, for a plugin that cannot reach the agent, through its
+USDT probes (the USDT source on the plugin library, railhop.daemon.UsdtLaneTranslator). Either
+way the trace has the migration of the connection that used nic1 and its fail-back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import require
+from railhop import paths, tracing
+from railhop.fabric import Fabric, unique_prefix
+from railhop.harness import HarnessConfig, HarnessRun, use_source_tree_build, wait_for_bytes
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[2]
+RECEIVER = REPO / "tests" / "unit" / "test_tracing_otlp.py"
+MiB = 1 << 20
+METRICS_PORT = 9464
+FAILED_NIC = 1
+
+AGENT = """
+import logging, sys
+from pathlib import Path
+from railhop import daemon
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+cfg = daemon.AgentConfig(
+    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"), sources=("netlink",),
+    traces=True, trace_file=Path(sys.argv[2]), metrics_port=int(sys.argv[3]),
+    metrics_addr="127.0.0.1", heartbeat_ms=100,
+    usdt_lib=Path(sys.argv[4]) if sys.argv[4] else None)
+sys.exit(daemon.run_agent(cfg))
+"""
+
+
+@pytest.fixture(scope="module")
+def fab() -> Iterator[Fabric]:
+    use_source_tree_build()
+    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
+        try:
+            fn()
+        except paths.NotInstalledError as e:
+            require(False, f"{what} not built ({e}); run `make ctest`")
+    with Fabric(nodes=2, nics=4, rate_mbit=200, prefix=unique_prefix("rhtr")) as f:
+        yield f
+
+
+def until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def scrape(fab: Fabric, node: int, port: int) -> dict[str, float]:
+    """GET /metrics inside the node's netns (the endpoint listens on its loopback)."""
+    s = fab.socket(node)
+    try:
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    finally:
+        s.close()
+    body = data.split(b"\r\n\r\n", 1)[1].decode()
+    out: dict[str, float] = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            key, _, val = line.rpartition(" ")
+            out[key] = float(val)
+    return out
+
+
+def try_scrape(fab: Fabric) -> dict[str, float] | None:
+    try:
+        return scrape(fab, 0, METRICS_PORT)
+    except OSError:
+        return None
+
+
+def spans_of(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("lanes_from", ["socket", "usdt"])
+def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes_from: str) -> None:
+    work = tmp_path / "work"
+    # socket: node 0's processes get work/run-node0 as RAILHOP_RUN_DIR (HarnessRun), the
+    # agent's; usdt: the plugin cannot reach this agent
+    run_dir = work / "run-node0" if lanes_from == "socket" else tmp_path / "agent-run"
+    run_dir.mkdir(parents=True)
+    usdt = lanes_from == "usdt"
+    port_file, received = tmp_path / "otlp.port", tmp_path / "otlp.jsonl"
+    received.touch()
+    trace_file = tmp_path / "traces.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
+    receiver = fab.popen(
+        0, [sys.executable, str(RECEIVER), "--serve", "http", str(port_file), str(received)], env
+    )
+    until(lambda: port_file.exists() and port_file.read_text(), 30, "receiver listening")
+    agent_env = {
+        **env,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port_file.read_text()}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "railhop-fabric",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "NODE_NAME": "emulated-node-0",
+    }
+    agent_log = tmp_path / "agent.log"
+    with agent_log.open("w") as log:
+        agent = fab.popen(
+            0,
+            [
+                sys.executable,
+                "-c",
+                AGENT,
+                str(run_dir),
+                str(trace_file),
+                str(METRICS_PORT),
+                str(paths.plugin_path()) if usdt else "",
+            ],
+            agent_env,
+            stderr=log,
+        )
+    try:
+
+        def ready() -> bool:  # the endpoint is up and both sources started
+            m = try_scrape(fab) or {}
+            return agent.poll() is not None or (
+                m.get('railhop_sources{source="netlink"}') == 1
+                and (not usdt or m.get('railhop_sources{source="usdt.plugin"}') == 1)
+            )
+
+        until(ready, 90, "agent up")
+        assert agent.poll() is None, agent_log.read_text()
+        m0 = scrape(fab, 0, METRICS_PORT)
+        assert m0['railhop_nic_state{nic="nic1",state="up"}'] == 1
+
+        cfg = HarnessConfig(conns=4, sizes=(MiB, 4096), duration=9.0, deadline=40.0, seed=8)
+        with HarnessRun(fab, cfg, workdir=work) as run:
+            wait_for_bytes(run, 16 * MiB, timeout=20)
+            wall0 = time.time_ns()
+            fab.carrier_down(0, FAILED_NIC, end="remote")
+            wall1 = time.time_ns()
+            until(
+                lambda: (
+                    scrape(fab, 0, METRICS_PORT).get('railhop_nic_state{nic="nic1",state="down"}')
+                    == 1
+                ),
+                10,
+                "nic1 down in the metrics",
+            )
+            during = scrape(fab, 0, METRICS_PORT)
+            time.sleep(1.0)  # a measured window: traffic must have moved off nic1
+            later = scrape(fab, 0, METRICS_PORT)
+            fab.heal(0, FAILED_NIC)
+            res = run.wait()
+        assert res.ok, res.describe()
+        assert res.recv.summary is not None and res.recv.summary.data_errors == 0
+
+        # ---- metrics during the failover
+        assert during['railhop_failovers_total{cause="carrier_down",nic="nic1"}'] == 1
+        assert during['railhop_detection_latency_seconds_count{source="netlink"}'] == 1
+        assert during['railhop_detection_latency_seconds_sum{source="netlink"}'] < 1.0
+        assert during['railhop_nic_up{nic="nic1"}'] == 0
+        ups = {i: during[f'railhop_nic_up{{nic="nic{i}"}}'] for i in range(4)}
+        assert ups == {0: 1, 1: 0, 2: 1, 3: 1}, (ups, agent_log.read_text()[-2000:])
+
+        def delta(nic: int) -> float:
+            k = f'railhop_nic_bytes_total{{direction="tx",nic="nic{nic}"}}'
+            return later[k] - during[k]
+
+        deltas = {i: delta(i) for i in range(4)}
+        assert deltas[FAILED_NIC] < 64 * 1024, f"bytes still leave the failed NIC: {deltas}"
+        assert sum(deltas.values()) > 4 * MiB, f"the others do not carry the traffic: {deltas}"
+
+        # ---- the trace: over when the NIC is back up (hold-off 1 s + 0.5 s stable)
+        def root() -> dict[str, Any] | None:
+            return next(
+                (
+                    s
+                    for s in spans_of(received)
+                    if s["name"] == tracing.FAILOVER
+                    and s["attributes"]["network.interface.name"] == "nic1"
+                ),
+                None,
+            )
+
+        until(root, 40, "root span received")
+        r = root()
+        assert r is not None
+        tree = [s for s in spans_of(received) if s["trace_id"] == r["trace_id"]]
+        names = [s["name"] for s in tree]
+        for n in (tracing.DETECTION, tracing.DECISION, tracing.FAILBACK):
+            assert names.count(n) == 1, names
+        assert all(s["parent_id"] == r["span_id"] for s in tree if s["span_id"] != r["span_id"])
+        assert r["resource"]["service.name"] == "railhop-fabric"
+        assert r["resource"]["k8s.node.name"] == "emulated-node-0"
+        ra = r["attributes"]
+        assert ra["railhop.failover.cause"] == "carrier_down"
+        assert ra["railhop.failover.source"] == "netlink"
+        assert ra["railhop.failover.outcome"] == "failed_back"
+        # timed by the netlink message, not by the agent: starts within the fault window
+        assert wall0 - 50_000_000 <= r["start"] <= wall1 + 500_000_000
+        det = next(s for s in tree if s["name"] == tracing.DETECTION)
+        assert det["start"] == r["start"]
+        assert det["attributes"]["railhop.detection.signal"] == "carrier_down"
+        dec = next(s for s in tree if s["name"] == tracing.DECISION)
+        pairs = dec["attributes"]["railhop.decision.pairs"]
+        assert pairs and not any(p.startswith("nic1->") for p in pairs), pairs
+        fb = next(s for s in tree if s["name"] == tracing.FAILBACK)
+        assert fb["end"] == r["end"] and fb["start"] > r["start"]
+        assert fb["end"] - r["start"] >= 1_000_000_000  # the hold-off
+        # the connection on nic1 (harness connection 1) moved and came back
+        migrations = [s for s in tree if s["name"] == tracing.MIGRATION]
+        assert len(migrations) == 1, (names, agent_log.read_text()[-3000:])
+        mig = migrations[0]
+        ma = mig["attributes"]
+        assert ma["railhop.migration.outcome"] == "resumed"
+        assert ma["railhop.migration.new_lanes"], ma
+        assert not any(x.startswith("nic1") for x in ma["railhop.migration.new_lanes"])
+        assert wall0 - 50_000_000 <= mig["start"] <= mig["end"] < fb["start"]
+        assert ra["railhop.failover.connections"] == 1
+        assert fb["attributes"]["railhop.failback.connections"] == 1
+        # 1 s into the failover: the connection resumed, its lanes moved off nic1
+        assert later['railhop_failover_completion_seconds_count{nic="nic1"}'] == 1
+        assert later['railhop_lanes{nic="nic1"}'] == 0
+        # (>= 1: the plugin drops the LANE_UPs it makes before its control plane is open)
+        assert sum(later[f'railhop_lanes{{nic="nic{i}"}}'] for i in (0, 2, 3)) >= 1
+        if usdt:
+            assert any(k.startswith("railhop_lane_bytes_total") for k in later)
+            assert later["railhop_control_events_total"] == 0
+        else:
+            assert later["railhop_control_events_total"] >= 4
+        # the file sink has the same trace
+        filed = {s["spanId"] for s in tracing.read_otlp_json(trace_file)}
+        assert {s["span_id"] for s in tree} <= filed
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        receiver.kill()
+        receiver.wait(10)
+    assert agent.returncode == 0, agent_log.read_text()[-3000:]
