@@ -322,13 +322,18 @@ def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool) -> None:
     default=None,
     help="The agent's run directory (default $RAILHOP_RUN_DIR or /run/railhop).",
 )
-def status_cmd(run_dir: Path | None) -> None:
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 unless the agent is alive (heartbeat fresh, not shut down): for probes.",
+)
+def status_cmd(run_dir: Path | None, check: bool) -> None:
     """Live NIC health and plans as published by the agent."""
     import time
 
     from railhop.control import ControlError
     from railhop.control.plane import default_run_dir
-    from railhop.control.status import format_status
+    from railhop.control.status import agent_alive, format_status
     from railhop.control.table import read_table
 
     table = (run_dir or default_run_dir()) / "health.tbl"
@@ -338,7 +343,10 @@ def status_cmd(run_dir: Path | None) -> None:
         snap = read_table(table)
     except ControlError as e:
         raise DomainError(f"{table}: {e}") from e
-    click.echo(format_status(snap, time.monotonic_ns()), nl=False)
+    now = time.monotonic_ns()
+    click.echo(format_status(snap, now), nl=False)
+    if check and not agent_alive(snap, now):
+        raise SystemExit(1)
 
 
 @cli.command("agent")

@@ -16,12 +16,21 @@ def _age(now_ns: int, then_ns: int) -> str:
     return f"{s / 3600:.0f}h"
 
 
+def _stale(snap: TableSnapshot, now_ns: int, stale_ns: int | None) -> bool:
+    stale = stale_ns if stale_ns is not None else 8 * snap.heartbeat_ms * 1_000_000
+    return bool(stale) and now_ns - snap.heartbeat_ns > stale
+
+
+def agent_alive(snap: TableSnapshot, now_ns: int, *, stale_ns: int | None = None) -> bool:
+    """True while the agent that wrote ``snap`` is running and its heartbeat is fresh."""
+    return not snap.agent_gone and not _stale(snap, now_ns, stale_ns)
+
+
 def format_status(snap: TableSnapshot, now_ns: int, *, stale_ns: int | None = None) -> str:
     """A readable table: agent liveness, then one line per NIC with its plan."""
-    stale = stale_ns if stale_ns is not None else 8 * snap.heartbeat_ms * 1_000_000
     if snap.agent_gone:
         alive = "gone (shut down cleanly)"
-    elif stale and now_ns - snap.heartbeat_ns > stale:
+    elif _stale(snap, now_ns, stale_ns):
         alive = f"silent for {_age(now_ns, snap.heartbeat_ns)} (plugins work alone)"
     else:
         alive = "alive"
