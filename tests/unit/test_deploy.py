@@ -348,9 +348,7 @@ def test_probe_command_follows_agent_liveness(tmp_path: Path) -> None:
     }
 
     def probe_ok() -> bool:
-        r = subprocess.run(
-            probe, env=env, capture_output=True, timeout=60, check=False
-        )
+        r = subprocess.run(probe, env=env, capture_output=True, timeout=60, check=False)
         return r.returncode == 0
 
     assert not probe_ok(), "no table yet: not alive"
