@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Glue between the core and the agent's control plane (ctl.c): applies the shared-memory health
+ * table to the local NICs and reports lane events. Called from the ticker thread only; the
+ * plugin works alone whenever the agent is absent, dies or restarts (NICs it marked down are
+ * handed back to local detection).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "log.h"
+#include "rh.h"
+
+_Static_assert((int)RH_EVT_LANE_UP == (int)RH_EV_LANE_UP, "event type LANE_UP");
+_Static_assert((int)RH_EVT_LANE_DOWN == (int)RH_EV_LANE_DOWN, "event type LANE_DOWN");
+_Static_assert((int)RH_EVT_LANE_TIMEOUT == (int)RH_EV_LANE_TIMEOUT, "event type LANE_TIMEOUT");
+_Static_assert((int)RH_EVT_LANE_ERROR == (int)RH_EV_LANE_ERROR, "event type LANE_ERROR");
+_Static_assert((int)RH_EVT_FAILOVER_START == (int)RH_EV_FAILOVER_START,
+	       "event type FAILOVER_START");
+_Static_assert((int)RH_EVT_FAILOVER_END == (int)RH_EV_FAILOVER_END, "event type FAILOVER_END");
+_Static_assert((int)RH_EVT_FAILBACK == (int)RH_EV_FAILBACK, "event type FAILBACK");
+
+static struct rh_ctl *ctl; /* set once by the ticker; read by any thread */
+static bool ctl_failed;
+static struct rh_ctl_view view;
+static bool down_by_agent[64];
+/* The plans of the last accepted snapshot, by local NIC index (read by any thread). */
+static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rh_plan_entry plans[64][RH_CTL_MAX_BACKUPS];
+static int nplans[64];
+
+static void ctl_log(void *arg, int level, const char *func, int line, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	(void)arg;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	rh_log(level == RH_CTL_LOG_WARN ? NCCL_LOG_WARN :
+	       level == RH_CTL_LOG_INFO ? NCCL_LOG_INFO :
+					  NCCL_LOG_TRACE,
+	       "ctl.c", line, func, "%s", msg);
+}
+
+static void clear_plans(void)
+{
+	pthread_mutex_lock(&plan_mu);
+	memset(nplans, 0, sizeof(nplans));
+	pthread_mutex_unlock(&plan_mu);
+}
+
+/* Copy the agent's plans, translating its NIC records to our device indices. */
+static void take_plans(void)
+{
+	pthread_mutex_lock(&plan_mu);
+	memset(nplans, 0, sizeof(nplans));
+	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
+		int k = rh_ctl_view_find(&view, rh_nic_name(i));
+		const struct rh_ctl_plan *pl;
+
+		if (k < 0) {
+			continue;
+		}
+		pl = &view.plans[k];
+		for (int b = 0; b < pl->count && b < RH_CTL_MAX_BACKUPS; b++) {
+			const struct rh_ctl_backup *e = &pl->backups[b];
+			int lnic = -1;
+
+			if (e->local_nic >= view.nic_count) {
+				continue;
+			}
+			for (int j = 0; j < rh_nic_count(); j++) {
+				if (!strcmp(rh_nic_name(j), view.nics[e->local_nic].ifname)) {
+					lnic = j;
+				}
+			}
+			if (lnic < 0) {
+				continue;
+			}
+			plans[i][nplans[i]].lnic = lnic;
+			plans[i][nplans[i]].remote_rail =
+				e->remote_rail == RH_CTL_NO_RAIL ? -1 : e->remote_rail;
+			plans[i][nplans[i]].weight = e->weight ? e->weight : 1;
+			nplans[i]++;
+		}
+	}
+	pthread_mutex_unlock(&plan_mu);
+}
+
+int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max)
+{
+	int n = 0;
+
+	if (lnic < 0 || lnic >= 64) {
+		return 0;
+	}
+	pthread_mutex_lock(&plan_mu);
+	for (; n < nplans[lnic] && n < max; n++) {
+		out[n] = plans[lnic][n];
+	}
+	pthread_mutex_unlock(&plan_mu);
+	return n;
+}
+
+static void release_all(void)
+{
+	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
+		if (down_by_agent[i]) {
+			down_by_agent[i] = false;
+			rh_nic_set_health_from(i, RH_HEALTH_AGENT, true);
+		}
+	}
+}
+
+void rh_ctl_poll(uint64_t now_ms)
+{
+	struct rh_ctl_opts o = { .log = ctl_log };
+	int rc;
+
+	(void)now_ms;
+	if (!ctl) {
+		if (ctl_failed) {
+			return;
+		}
+		struct rh_ctl *c = NULL;
+
+		rc = rh_ctl_open(rh_run_dir(), &o, &c);
+		if (rc == 0) {
+			__atomic_store_n(&ctl, c, __ATOMIC_RELEASE);
+		}
+		if (rc < 0) {
+			ctl_failed = true;
+			WARN("agent control plane unavailable (%s): working alone", strerror(-rc));
+			return;
+		}
+	}
+	rh_ctl_refresh(ctl);
+	rc = rh_ctl_snapshot(ctl, &view);
+	if (rc < 0) {
+		release_all(); /* no agent (or a corrupt table): local detection only */
+		clear_plans();
+		return;
+	}
+	if (!view.changed) {
+		return;
+	}
+	take_plans();
+	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
+		int k = rh_ctl_view_find(&view, rh_nic_name(i));
+		bool down;
+
+		if (k < 0) {
+			continue;
+		}
+		/* DOWN: move now. RECOVERING: held off by flap damping, not usable yet. */
+		down = view.nics[k].state == RH_NIC_DOWN || view.nics[k].state == RH_NIC_RECOVERING;
+		if (down != down_by_agent[i]) {
+			down_by_agent[i] = down;
+			INFO("agent marks %s %s (reason %u)", rh_nic_name(i), down ? "down" : "up",
+			     view.nics[k].reason);
+			rh_nic_set_health_from(i, RH_HEALTH_AGENT, !down);
+		}
+	}
+}
+
+void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic, int err,
+		       uint64_t duration_ns)
+{
+	struct rh_ctl *c = __atomic_load_n(&ctl, __ATOMIC_ACQUIRE);
+	struct rh_lane_event ev;
+
+	if (!c || lnic < 0 || lnic >= rh_nic_count()) {
+		return;
+	}
+	rh_lane_event_init(&ev, (uint16_t)type);
+	ev.conn_id = conn_id;
+	ev.epoch = epoch;
+	ev.lane = lane;
+	ev.error = err < 0 ? -err : err;
+	ev.duration_ns = duration_ns;
+	snprintf(ev.nic, sizeof(ev.nic), "%s", rh_nic_name(lnic));
+	rh_ctl_send_event(c, &ev);
+}

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Connection state shared by the core modules (plugin.c: setup; conn.c: data path;
+ * failover.c: failure handling). A connection is one NCCL send or recv comm; its lanes carry
+ * frames (core/wire.h); all fields below are protected by mu unless noted.
+ */
+#ifndef RH_CONN_H
+#define RH_CONN_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../lanes/lane_ops.h"
+#include "../nic.h"
+#include "match.h"
+#include "wire.h"
+
+#define RH_MAX_LANES 32
+#define RH_MAX_RECV_OUT 32 /* NCCL_NET_MAX_REQUESTS */
+
+enum rh_req_kind { RH_REQ_SEND = 0x5e, RH_REQ_RECV = 0x7e };
+
+struct rh_conn;
+
+struct rh_req {
+	uint8_t kind;
+	struct rh_conn *conn;
+};
+
+struct rh_sreq {
+	struct rh_req r;
+	bool used;
+	bool acked;
+	bool queued;
+	uint64_t seq; /* matched receive */
+	int slot;
+	const char *buf;
+	uint64_t size;
+	uint64_t nchunks, next_chunk;
+	uint32_t gen; /* RH_GEN_NEW until its first chunk is scheduled */
+	uint64_t t_start_ns;
+	struct rh_sreq *qnext;
+};
+
+struct rh_rreq {
+	struct rh_req r;
+	bool used;
+	bool complete;
+	int err;
+	uint64_t seq;
+	int n;
+	char *bufs[RH_MAX_RECVS];
+	uint64_t sizes[RH_MAX_RECVS];
+	int32_t tags[RH_MAX_RECVS];
+	uint64_t total[RH_MAX_RECVS]; /* sender's size, UINT64_MAX until known */
+	uint64_t got[RH_MAX_RECVS];
+	uint64_t *bits[RH_MAX_RECVS]; /* chunks placed */
+	int writers[RH_MAX_RECVS]; /* chunks being placed right now */
+	uint8_t done_mask;
+	uint64_t t_start_ns;
+};
+
+struct rh_listen;
+
+/* Failover state (failover.c). */
+struct rh_fo {
+	bool active; /* a move is in progress */
+	uint64_t t_detect_ms; /* first detection of the current move */
+	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
+	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
+	int ndead;
+	uint32_t dead[RH_MAX_DEAD];
+	/* Fail-back of the original pair (driven by the sender side). */
+	bool primary_lost;
+	uint64_t t_next_failback_ms;
+	int backoff_ms;
+	uint64_t t_primary_up_ms;
+	uint64_t failback_cookie; /* non-zero while a fail-back probe is in flight */
+	uint64_t t_last_failreq_ms;
+	uint64_t t_close_ms; /* closing: force-fence deadline */
+	/* Pairs that failed during this connection (until fail-back heals them). */
+	uint64_t bad_until_ms[RH_MAX_NICS][RH_MAX_NICS];
+};
+
+struct rh_conn {
+	pthread_mutex_t mu;
+	atomic_int refs;
+	atomic_int active_io; /* transport threads inside user memory */
+	atomic_bool closed; /* user closed it: no new access to user memory */
+	uint64_t id;
+	bool is_send;
+	bool ready; /* first lane up: connect/accept may return it */
+	bool registered; /* in the global registry */
+	bool peer_closed; /* peer said BYE: lane EOFs are not failures */
+	bool accepted;
+	int err; /* sticky fatal error (negative errno) */
+	int dev; /* NCCL device (local NIC) */
+	int lnic_orig, rnic_orig;
+	uint32_t epoch; /* current epoch (max of both sides) */
+	uint32_t rx_min_epoch; /* receiver: DATA frames of older epochs are dropped */
+	uint32_t gen; /* scheduling generation, bumped at fail-back */
+	uint64_t chunk;
+	uint64_t t_connect_deadline_ms;
+	uint64_t remote_listen_id; /* connector: the listen comm named by the handle */
+	int connect_attempts;
+	int nrnics;
+	struct rh_peer_nic rnics[RH_MAX_NICS];
+	struct rh_lane *lanes[RH_MAX_LANES];
+	int nlanes;
+	uint32_t next_lane_id;
+	struct rh_lane *ctrl_lane;
+	uint8_t *ctrl; /* pending control frames (headers + payloads) */
+	size_t ctrl_len, ctrl_cap;
+	atomic_size_t ctrl_inflight; /* handed to a transport, not yet written */
+	/* Sender. */
+	struct rh_cts_slot cts[RH_RING];
+	uint64_t cts_base; /* oldest sequence not yet fully matched */
+	uint64_t cts_next; /* one past the highest sequence received */
+	struct rh_sreq sreqs[RH_RING * RH_MAX_RECVS];
+	struct rh_sreq *qhead, *qtail;
+	uint32_t resume_epoch; /* last RESUME applied */
+	bool await_resume; /* FAILREQ sent: no new chunks until the RESUME */
+	/* Receiver. */
+	struct rh_rreq rreqs[RH_RING];
+	uint64_t rx_next_seq;
+	int nrecv_out;
+	uint64_t t_rx_progress_ms; /* last chunk placed or receive posted */
+	struct rh_listen *listen;
+	struct rh_conn *lnext;
+	struct rh_conn *gnext;
+	struct rh_fo fo;
+};
+
+struct rh_listen {
+	uint64_t id;
+	int dev;
+	bool closed;
+	struct rh_conn *ready_head, *ready_tail;
+	struct rh_listen *next;
+};
+
+struct rh_global {
+	pthread_mutex_t mu; /* registry; lock order: g.mu before any conn.mu */
+	int nnics;
+	struct rh_nic nics[RH_MAX_NICS];
+	struct rh_conn *conns;
+	struct rh_listen *listens;
+	uint64_t next_listen_id;
+	const struct lane_ops *ops;
+};
+
+extern struct rh_global rh_g;
+
+uint64_t rh_now_ms(void);
+uint64_t rh_now_ns(void);
+
+/* conn.c (locked = caller holds c->mu) */
+struct rh_conn *rh_conn_new(bool is_send);
+void rh_conn_get(struct rh_conn *c);
+struct rh_lane *rh_conn_add_lane(struct rh_conn *c, uint32_t id, int lnic, int rnic, int nstreams,
+				 bool opener); /* locked */
+int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeout_ms); /* locked */
+void rh_conn_fence_lane(struct rh_conn *c, struct rh_lane *l); /* locked */
+void rh_conn_kick_data(struct rh_conn *c); /* locked */
+void rh_conn_pick_ctrl_lane(struct rh_conn *c); /* locked */
+int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
+		       size_t len); /* locked */
+int rh_conn_queue_resume(struct rh_conn *c);
+int rh_conn_queue_bye(struct rh_conn *c); /* locked */
+void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
+int rh_conn_active_lanes(struct rh_conn *c); /* locked */
+bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
+void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
+int rh_conn_start_connect(struct rh_conn *c); /* locked */
+
+/* failover.c */
+void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
+void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
+void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
+void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
+int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
+void rh_fo_start_ticker(void);
+
+#endif

@@ -1,0 +1,738 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Failover: detection (transport errors, no progress within the completion timeout confirmed
+ * by a probe, local NIC down), backup choice (rank.c) with spreading, the resume protocol
+ * (FAILREQ -> RESUME -> replay of every unacknowledged message), fail-back with flap damping,
+ * and escalation when no compatible pair is left.
+ *
+ * The data path calls in here at few points: a lane error, a lane coming up, a probe result,
+ * the RESUME/FAILREQ control frames, and the periodic tick. All functions run with the
+ * connection lock held.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "../log.h"
+#include "../param.h"
+#include "../probes.h"
+#include "../rh.h"
+#include "conn.h"
+#include "rank.h"
+#include "sched.h"
+
+#define RH_STABLE_MS 10000 /* a primary up this long resets the fail-back backoff */
+
+static uint64_t cookie_new(void)
+{
+	uint64_t v = 0;
+
+	while (!v) {
+		if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) {
+			v = rh_now_ns();
+		}
+	}
+	return v;
+}
+
+static bool nic_up(int i)
+{
+	return __atomic_load_n(&rh_g.nics[i].up, __ATOMIC_ACQUIRE);
+}
+
+static bool any_local_up(void)
+{
+	for (int i = 0; i < rh_g.nnics; i++) {
+		if (nic_up(i)) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The one place that decides fatal vs recoverable for a lane failure (logs the reason). */
+static int classify(struct rh_conn *c, int err, const char **why)
+{
+	if (c->peer_closed) {
+		*why = "peer closed the connection";
+		return -ECONNRESET;
+	}
+	if (!any_local_up()) {
+		*why = "every local NIC is down";
+		return -ENETDOWN;
+	}
+	(void)err;
+	*why = NULL;
+	return 0; /* recoverable: move the traffic */
+}
+
+static void fill_rank_nics(struct rh_conn *c, struct rh_rank_nic *loc, struct rh_rank_nic *rem)
+{
+	for (int i = 0; i < rh_g.nnics; i++) {
+		loc[i].rail = rh_g.nics[i].rail;
+		loc[i].numa = rh_g.nics[i].numa;
+		loc[i].pci = rh_g.nics[i].pci;
+		loc[i].up = nic_up(i);
+		loc[i].load = 0;
+	}
+	for (int i = 0; i < c->nrnics; i++) {
+		rem[i].rail = c->rnics[i].rail;
+		rem[i].numa = c->rnics[i].numa;
+		rem[i].pci = c->rnics[i].pci;
+		rem[i].up = c->rnics[i].up || c->rnics[i].port;
+		rem[i].load = 0;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state != RH_LANE_DEAD && !l->primary) {
+			loc[l->lnic].load++;
+			rem[l->rnic].load++;
+		}
+	}
+}
+
+/* Rank candidate pairs for this connection (excluding pairs in use and, unless
+ * ignore_bad, pairs that failed recently). */
+static int rank_ex(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad)
+{
+	struct rh_rank_nic loc[RH_MAX_NICS], rem[RH_MAX_NICS];
+	bool excl[RH_MAX_NICS * RH_MAX_NICS] = { 0 };
+	struct rh_rank_in in;
+	uint64_t now = rh_now_ms();
+
+	rh_parse_rail_rule(rh_param.RAIL_RULE, &in.rule);
+	rh_parse_dist(rh_param.DISTANCE_LIMIT, &in.limit);
+	fill_rank_nics(c, loc, rem);
+	for (int l = 0; l < rh_g.nnics; l++) {
+		for (int r = 0; r < c->nrnics; r++) {
+			excl[l * c->nrnics + r] = !ignore_bad && c->fo.bad_until_ms[l][r] > now;
+		}
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state != RH_LANE_DEAD && !l->bye_sent) {
+			excl[l->lnic * c->nrnics + l->rnic] = true;
+		}
+	}
+	in.local = loc;
+	in.nlocal = rh_g.nnics;
+	in.remote = rem;
+	in.nremote = c->nrnics;
+	in.orig_local = c->lnic_orig;
+	in.orig_remote = c->rnic_orig;
+	in.exclude = excl;
+	return rh_rank_pairs(&in, out, max);
+}
+
+static int rank(struct rh_conn *c, struct rh_pair *out, int max)
+{
+	return rank_ex(c, out, max, false);
+}
+
+int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
+{
+	struct rh_pair p[1];
+	uint64_t now = rh_now_ms();
+
+	if (nic_up(c->lnic_orig) && c->fo.bad_until_ms[c->lnic_orig][c->rnic_orig] <= now) {
+		*lnic = c->lnic_orig;
+		*rnic = c->rnic_orig;
+		return 0;
+	}
+	if (rank(c, p, 1) < 1) {
+		WARN("conn %016llx: no usable NIC pair for a new connection",
+		     (unsigned long long)c->id);
+		return any_local_up() ? -EHOSTUNREACH : -ENETDOWN;
+	}
+	INFO("conn %016llx: pair %s -> peer NIC %d is down or unreachable, connecting %s -> peer "
+	     "NIC %d instead",
+	     (unsigned long long)c->id, rh_g.nics[c->lnic_orig].ifname, c->rnic_orig,
+	     rh_g.nics[p[0].local].ifname, p[0].remote);
+	*lnic = p[0].local;
+	*rnic = p[0].remote;
+	return 0;
+}
+
+/* The agent's plan for the original local NIC, applied to this connection's peer: pairs whose
+ * local NIC is up and whose pair is neither in use nor known bad. Empty without a plan. */
+static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
+{
+	struct rh_plan_entry e[16];
+	uint64_t now = rh_now_ms();
+	int ne = rh_ctl_plan_for(c->lnic_orig, e, 16), n = 0;
+
+	for (int i = 0; i < ne && n < max; i++) {
+		int best = -1;
+
+		if (e[i].lnic >= rh_g.nnics || !nic_up(e[i].lnic)) {
+			continue;
+		}
+		for (int r = 0; r < c->nrnics; r++) {
+			bool used = c->fo.bad_until_ms[e[i].lnic][r] > now;
+
+			if (e[i].remote_rail >= 0 && c->rnics[r].rail != e[i].remote_rail) {
+				continue;
+			}
+			for (int k = 0; k < c->nlanes; k++) {
+				used |= c->lanes[k]->state != RH_LANE_DEAD &&
+					!c->lanes[k]->bye_sent && c->lanes[k]->lnic == e[i].lnic &&
+					c->lanes[k]->rnic == r;
+			}
+			for (int k = 0; k < n; k++) {
+				used |= out[k].local == e[i].lnic && out[k].remote == r;
+			}
+			if (!used && (best < 0 || r == c->rnic_orig)) {
+				best = r;
+			}
+		}
+		if (best >= 0) {
+			out[n].local = e[i].lnic;
+			out[n].remote = best;
+			out[n].dist = RH_DIST_NODE;
+			out[n].weight = e[i].weight > 4 ? 4 : e[i].weight;
+			n++;
+		}
+	}
+	if (n) {
+		INFO("conn %016llx: %d backup pair(s) from the agent's plan",
+		     (unsigned long long)c->id, n);
+	}
+	return n;
+}
+
+static int count_state(struct rh_conn *c, enum rh_lane_state st)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		n += c->lanes[i]->state == st;
+	}
+	return n;
+}
+
+static bool primary_alive(struct rh_conn *c)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->primary && l->state != RH_LANE_DEAD && l->state != RH_LANE_DRAINING) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Open backup lanes so the moved traffic spreads over the best healthy pairs. */
+static void open_backups(struct rh_conn *c)
+{
+	struct rh_pair p[RH_MAX_NICS];
+	int want, have, n;
+
+	if (primary_alive(c)) {
+		return;
+	}
+	/* Backups retired by a fail-back that has not finished yet carry traffic again. */
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state == RH_LANE_DRAINING && !l->bye_sent) {
+			l->state = RH_LANE_ACTIVE;
+			l->retire_gen = 0;
+		}
+	}
+	/* Count lanes that can carry the moved traffic: not ones the peer is still opening
+	 * towards us (they may never complete), not ones already without progress (they may be
+	 * silently dead too). */
+	have = 0;
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state == RH_LANE_ACTIVE) {
+			have += !(l->tp && l->ops->stalled(l, rh_now_ms(),
+							   (int)rh_param.COMPLETION_TIMEOUT / 4));
+		} else {
+			have += l->state == RH_LANE_OPENING && l->opener;
+		}
+	}
+	want = (int)rh_param.BACKUP_LANES;
+	if (have >= want) {
+		return;
+	}
+	n = plan_pairs(c, p, want - have);
+	if (n == 0) {
+		n = rank(c, p, want - have);
+	}
+	if (n == 0 && have == 0 && c->fo.active &&
+	    rh_now_ms() + 2 * (uint64_t)rh_param.PROBE_TIMEOUT < c->fo.t_escalate_ms) {
+		/* Nothing healthy left but time remains: retry pairs that failed recently. */
+		n = rank_ex(c, p, want, true);
+	}
+	for (int i = 0; i < n; i++) {
+		int ns = (int)rh_param.STREAMS_PER_LANE * p[i].weight / 8;
+		struct rh_lane *l;
+
+		if (ns < 1) {
+			ns = 1;
+		}
+		l = rh_conn_add_lane(c, c->next_lane_id, p[i].local, p[i].remote, ns, true);
+		if (!l) {
+			break;
+		}
+		c->next_lane_id += 2;
+		l->weight = p[i].weight;
+		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, 2 * (int)rh_param.PROBE_TIMEOUT) < 0) {
+			l->state = RH_LANE_DEAD;
+			c->fo.bad_until_ms[p[i].local][p[i].remote] =
+				rh_now_ms() + (uint64_t)rh_param.FAILBACK_INTERVAL;
+		}
+	}
+}
+
+static void send_notify(struct rh_conn *c)
+{
+	uint8_t buf[1 + 4 * RH_MAX_DEAD];
+	struct rh_hdr h = { .type = RH_F_FAILREQ };
+	int len;
+
+	if (!c->fo.notify || !c->ctrl_lane || c->ctrl_lane->state != RH_LANE_ACTIVE) {
+		return;
+	}
+	c->fo.notify = false;
+	if (c->is_send) {
+		len = rh_dead_put(c->fo.ndead, c->fo.dead, buf, sizeof(buf));
+		rh_conn_queue_ctrl(c, &h, buf, (size_t)len);
+		c->fo.ndead = 0;
+		c->fo.t_last_failreq_ms = rh_now_ms();
+	} else {
+		c->epoch++;
+		rh_conn_queue_resume(c);
+		c->fo.active = false;
+		RH_PROBE3(failover_end, c->id, c->epoch, rh_conn_active_lanes(c));
+		rh_ctl_lane_event(RH_EVT_FAILOVER_END, c->id, c->epoch, 0, c->lnic_orig, 0,
+				  (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull);
+		INFO("conn %016llx (recv): resume record sent, epoch %u", (unsigned long long)c->id,
+		     c->epoch);
+	}
+}
+
+static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
+{
+	if (c->err || count_state(c, RH_LANE_ACTIVE) > 0) {
+		return;
+	}
+	/* Fail when nothing is left to try, or (hard bound) when lanes still being opened or
+	 * probed have had a full handshake deadline past the escalation time. */
+	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
+	    now >= c->fo.t_escalate_ms + 2 * (uint64_t)rh_param.PROBE_TIMEOUT) {
+		rh_conn_fail(c, any_local_up() ? -EHOSTUNREACH : -ENETDOWN,
+			     "no compatible NIC pair left");
+	}
+}
+
+void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
+{
+	uint64_t now = rh_now_ms();
+	bool was_opening = l->state == RH_LANE_OPENING;
+	bool graceful = l->state == RH_LANE_DRAINING && l->bye_sent;
+	const char *fatal_why;
+	int fatal;
+
+	if (l->state == RH_LANE_DEAD) {
+		return;
+	}
+	rh_conn_fence_lane(c, l);
+	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
+	if (graceful || c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	rh_ctl_lane_event(err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
+								RH_EVT_LANE_ERROR,
+			  c->id, c->epoch, l->id, l->lnic, err, 0);
+	WARN("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
+	if (err != -ECONNRESET && err != -EPIPE && err != -ESTALE) {
+		c->fo.bad_until_ms[l->lnic][l->rnic] = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
+	}
+	if (!c->ready) {
+		if (c->is_send && l->opener && c->connect_attempts < 2 * rh_g.nnics + 2) {
+			int rc = rh_conn_start_connect(c);
+
+			if (rc < 0) {
+				rh_conn_fail(c, rc, "cannot establish the connection");
+			}
+		} else {
+			rh_conn_fail(c, -EHOSTUNREACH, "connection setup failed");
+		}
+		return;
+	}
+	fatal = classify(c, err, &fatal_why);
+	if (fatal) {
+		rh_conn_fail(c, fatal, fatal_why);
+		return;
+	}
+	if (l->primary && !was_opening) {
+		c->fo.primary_lost = true;
+		if (c->fo.t_primary_up_ms && now - c->fo.t_primary_up_ms < RH_STABLE_MS) {
+			c->fo.backoff_ms *= 2; /* flapping: hold the pair off longer */
+			if (c->fo.backoff_ms > rh_param.FAILBACK_MAX_BACKOFF) {
+				c->fo.backoff_ms = (int)rh_param.FAILBACK_MAX_BACKOFF;
+			}
+		} else {
+			c->fo.backoff_ms = (int)rh_param.FAILBACK_INTERVAL;
+		}
+		c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+	}
+	if (!was_opening) {
+		if (c->fo.ndead < RH_MAX_DEAD) {
+			c->fo.dead[c->fo.ndead++] = l->id;
+		}
+		/* Escalation is bounded from the latest confirmed failure of a lane that carried
+		 * traffic: with no compatible pair left that is within 2x the completion timeout
+		 * of the last progress. */
+		c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+		if (!c->fo.active) {
+			c->fo.active = true;
+			c->fo.t_detect_ms = now;
+			RH_PROBE3(failover_start, c->id, l->id, err);
+			rh_ctl_lane_event(RH_EVT_FAILOVER_START, c->id, c->epoch, l->id, l->lnic,
+					  err, 0);
+		}
+		c->fo.notify = true;
+		if (c->is_send) {
+			c->await_resume = true;
+		}
+	}
+	open_backups(c);
+	send_notify(c);
+	escalate_if_stuck(c, now);
+}
+
+void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l)
+{
+	if (c->is_send && l->primary && c->fo.primary_lost) {
+		c->fo.primary_lost = false;
+		c->fo.t_primary_up_ms = rh_now_ms();
+		c->gen++;
+		for (int i = 0; i < c->nlanes; i++) {
+			struct rh_lane *o = c->lanes[i];
+
+			if (o != l && o->state == RH_LANE_ACTIVE && !o->primary) {
+				o->state = RH_LANE_DRAINING;
+				o->retire_gen = c->gen;
+			}
+		}
+		RH_PROBE2(failback, c->id, l->id);
+		rh_ctl_lane_event(RH_EVT_FAILBACK, c->id, c->epoch, l->id, l->lnic, 0, 0);
+		INFO("conn %016llx: fail-back to %s -> peer NIC %d", (unsigned long long)c->id,
+		     rh_g.nics[l->lnic].ifname, l->rnic);
+	}
+	rh_conn_pick_ctrl_lane(c);
+	send_notify(c);
+	rh_conn_kick_data(c);
+}
+
+void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
+{
+	uint64_t now = rh_now_ms();
+
+	if (c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	if (cookie == c->fo.failback_cookie) {
+		c->fo.failback_cookie = 0;
+		if (!ok || !c->fo.primary_lost || primary_alive(c)) {
+			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+			return;
+		}
+		struct rh_lane *l = rh_conn_add_lane(c, c->next_lane_id, c->lnic_orig, c->rnic_orig,
+						     (int)rh_param.STREAMS_PER_LANE, true);
+		if (l) {
+			c->next_lane_id += 2;
+			c->fo.bad_until_ms[c->lnic_orig][c->rnic_orig] = 0;
+			if (rh_conn_open_lane(c, l, RH_HELLO_LANE,
+					      2 * (int)rh_param.PROBE_TIMEOUT) < 0) {
+				l->state = RH_LANE_DEAD;
+			}
+		}
+		c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+		return;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state != RH_LANE_SUSPECT || l->probe_cookie != cookie) {
+			continue;
+		}
+		if (ok && l->tp && l->ops->stalled(l, now, (int)rh_param.COMPLETION_TIMEOUT)) {
+			/* The pair answers at once but this lane's transport is stuck (e.g. TCP in
+			 * retransmission backoff after a flap): replace it, the pair stays good. */
+			rh_fo_lane_failed(c, l, -ESTALE, "stuck although the pair answers");
+		} else if (ok) {
+			INFO("conn %016llx: lane %u slow but alive (probe answered)",
+			     (unsigned long long)c->id, l->id);
+			l->state = RH_LANE_ACTIVE;
+			l->t_suspect_ms = now; /* grace: a full timeout before suspecting again */
+			rh_conn_kick_data(c);
+		} else {
+			rh_fo_lane_failed(c, l, -ETIMEDOUT, "no progress, probe failed");
+		}
+	}
+}
+
+static int cmp_sreq(const void *a, const void *b)
+{
+	const struct rh_sreq *x = *(struct rh_sreq *const *)a, *y = *(struct rh_sreq *const *)b;
+
+	if (x->seq != y->seq) {
+		return x->seq < y->seq ? -1 : 1;
+	}
+	return x->slot - y->slot;
+}
+
+void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
+{
+	uint32_t dead[RH_MAX_DEAD];
+	int ndead = 0;
+
+	if (rh_dead_get(p, h->len, &ndead, dead) < 0) {
+		return;
+	}
+	for (int k = 0; k < ndead; k++) {
+		for (int i = 0; i < c->nlanes; i++) {
+			if (c->lanes[i]->id == dead[k]) {
+				rh_conn_fence_lane(c, c->lanes[i]);
+			}
+		}
+	}
+	if (h->epoch > c->epoch) {
+		c->epoch = h->epoch;
+	}
+	c->epoch++;
+	rh_conn_queue_resume(c);
+	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
+	     c->epoch);
+}
+
+void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
+{
+	struct rh_resume *r;
+	struct rh_sreq *list[RH_RING * RH_MAX_RECVS];
+	int n = 0, replayed = 0, acked = 0;
+
+	if (h->epoch < c->resume_epoch || (h->epoch == c->resume_epoch && !c->await_resume)) {
+		return;
+	}
+	r = malloc(sizeof(*r));
+	if (!r) {
+		return;
+	}
+	if (rh_resume_get(p, h->len, r) < 0) {
+		WARN("malformed RESUME record");
+		free(r);
+		return;
+	}
+	for (int k = 0; k < r->ndead; k++) {
+		for (int i = 0; i < c->nlanes; i++) {
+			if (c->lanes[i]->id == r->dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
+				rh_conn_fence_lane(c, c->lanes[i]);
+				if (c->lanes[i]->primary) {
+					c->fo.primary_lost = true;
+					c->fo.t_next_failback_ms =
+						rh_now_ms() + (uint64_t)c->fo.backoff_ms;
+				}
+			}
+		}
+	}
+	if (h->epoch > c->epoch) {
+		c->epoch = h->epoch;
+	}
+	c->resume_epoch = h->epoch;
+	for (int i = 0; i < r->nout; i++) {
+		if (r->out[i].seq >= c->cts_base) {
+			struct rh_cts_slot *s = &c->cts[r->out[i].seq % RH_RING];
+
+			if (!(s->present && s->cts.seq == r->out[i].seq)) {
+				struct rh_cts cts = r->out[i];
+				uint8_t matched = 0;
+
+				/* Keep matches already made for this record. */
+				for (int k = 0; k < cts.n; k++) {
+					struct rh_sreq *q =
+						&c->sreqs[(cts.seq % RH_RING) * RH_MAX_RECVS + k];
+					if (q->used && q->seq == cts.seq) {
+						matched |= (uint8_t)(1u << k);
+					}
+				}
+				if (cts.seq < c->cts_base + RH_RING) {
+					s->cts = cts;
+					s->present = true;
+					s->matched = matched;
+					if (cts.seq + 1 > c->cts_next) {
+						c->cts_next = cts.seq + 1;
+					}
+				}
+			}
+		}
+	}
+	c->qhead = c->qtail = NULL;
+	for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
+		struct rh_sreq *s = &c->sreqs[i];
+		bool done = false, listed = false;
+
+		s->queued = false;
+		if (!s->used || s->acked) {
+			continue;
+		}
+		for (int k = 0; k < r->nout; k++) {
+			if (r->out[k].seq == s->seq) {
+				listed = true;
+				done = r->done[k] & (1u << s->slot);
+			}
+		}
+		if (!listed && s->seq < r->next_seq) {
+			done = true;
+		}
+		if (done) {
+			s->acked = true;
+			acked++;
+			continue;
+		}
+		s->next_chunk = 0;
+		list[n++] = s;
+	}
+	qsort(list, n, sizeof(list[0]), cmp_sreq);
+	for (int i = 0; i < n; i++) {
+		list[i]->qnext = NULL;
+		list[i]->queued = true;
+		if (c->qtail) {
+			c->qtail->qnext = list[i];
+		} else {
+			c->qhead = list[i];
+		}
+		c->qtail = list[i];
+		replayed++;
+	}
+	free(r);
+	c->await_resume = false;
+	c->fo.active = false;
+	c->fo.notify = false;
+	RH_PROBE3(failover_end, c->id, c->epoch, rh_conn_active_lanes(c));
+	rh_ctl_lane_event(RH_EVT_FAILOVER_END, c->id, c->epoch, 0, c->lnic_orig, 0,
+			  (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull);
+	INFO("conn %016llx (send): resumed at epoch %u: %d confirmed, %d replayed on %d lanes",
+	     (unsigned long long)c->id, c->epoch, acked, replayed, rh_conn_active_lanes(c));
+	rh_conn_kick_data(c);
+}
+
+static bool drained(struct rh_conn *c, uint32_t retire_gen)
+{
+	for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
+		struct rh_sreq *s = &c->sreqs[i];
+
+		if (s->used && !s->acked && s->gen != RH_GEN_NEW && s->gen < retire_gen) {
+			return false;
+		}
+	}
+	return true;
+}
+
+void rh_fo_tick(struct rh_conn *c, uint64_t now)
+{
+	int timeout = (int)rh_param.COMPLETION_TIMEOUT;
+	int early = timeout - (int)rh_param.PROBE_TIMEOUT;
+
+	if (early < timeout / 2) {
+		early = timeout / 2;
+	}
+
+	if (c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		switch (l->state) {
+		case RH_LANE_OPENING:
+			if (now > l->t_deadline_ms) {
+				rh_fo_lane_failed(c, l, -ETIMEDOUT, "handshake timed out");
+			}
+			break;
+		case RH_LANE_ACTIVE:
+		case RH_LANE_DRAINING:
+			if (l->state == RH_LANE_DRAINING && l->bye_sent) {
+				if (now > l->t_suspect_ms + 2000) {
+					rh_conn_fence_lane(c, l);
+				}
+				break;
+			}
+			if (l->state == RH_LANE_DRAINING && c->is_send &&
+			    drained(c, l->retire_gen) && c->ctrl_lane && c->ctrl_lane != l) {
+				struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
+
+				rh_conn_queue_ctrl(c, &bye, NULL, 0);
+				l->bye_sent = true;
+				l->t_suspect_ms = now;
+				break;
+			}
+			/* Sender side: TCP makes no progress on cleared-to-send data. Receiver side:
+			 * posted receives see no data for the timeout; the probe tells a failed
+			 * link from an idle peer. */
+			/* The confirming probe starts early enough to be answered (or not) by the
+			 * time the completion timeout expires. */
+			if (now - l->t_suspect_ms >= (uint64_t)timeout && l->tp &&
+			    (l->ops->stalled(l, now, early) ||
+			     (l->state == RH_LANE_ACTIVE && l == c->ctrl_lane &&
+			      rh_conn_rx_waiting(c) &&
+			      now - c->t_rx_progress_ms >= (uint64_t)early))) {
+				l->state = RH_LANE_SUSPECT;
+				l->t_suspect_ms = now;
+				l->probe_cookie = cookie_new();
+				INFO("conn %016llx: lane %u made no progress for %d ms, probing",
+				     (unsigned long long)c->id, l->id, early);
+				if (l->ops->probe(c, l->lnic, c->rnics[l->rnic].ipv4,
+						  c->rnics[l->rnic].port, l->probe_cookie,
+						  (int)rh_param.PROBE_TIMEOUT) < 0) {
+					rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe failed");
+				}
+			}
+			break;
+		case RH_LANE_SUSPECT:
+			if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
+				rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe timed out");
+			}
+			break;
+		default:
+			break;
+		}
+		if (c->err) {
+			return;
+		}
+	}
+	if (c->fo.active) {
+		if (c->is_send && c->await_resume && !c->fo.notify &&
+		    now - c->fo.t_last_failreq_ms > 300) {
+			c->fo.notify = true; /* the FAILREQ or its answer may have been lost */
+		}
+		open_backups(c);
+		send_notify(c);
+		escalate_if_stuck(c, now);
+		if (c->err) {
+			return;
+		}
+	}
+	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
+	    now >= c->fo.t_next_failback_ms && nic_up(c->lnic_orig) && !primary_alive(c)) {
+		c->fo.failback_cookie = cookie_new();
+		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
+				    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
+				    (int)rh_param.PROBE_TIMEOUT) < 0) {
+			c->fo.failback_cookie = 0;
+			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+		}
+	}
+}

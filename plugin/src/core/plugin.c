@@ -1,0 +1,750 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Process-wide setup and connection establishment: init (once per process; the library is
+ * linked -z nodelete so its state survives NCCL's dlclose/dlopen), devices, listen, the
+ * resumable connect/accept state machines, lane handshakes, close.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "../log.h"
+#include "../param.h"
+#include "../probes.h"
+#include "../rh.h"
+#include "conn.h"
+#include "sched.h"
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static void poll_carrier(void);
+static int init_rc = -EAGAIN;
+
+/* Transport choice: one function that logs why. Only TCP exists today. */
+static const struct lane_ops *choose_transport(void)
+{
+	INFO("transport %s (RDMA/libfabric lanes not built in)", rh_tcp_ops.name);
+	return &rh_tcp_ops;
+}
+
+static void init_once_fn(void)
+{
+	int rc;
+
+	rc = rh_params_load();
+	if (rc < 0) {
+		init_rc = rc;
+		return;
+	}
+	rc = rh_nic_discover(rh_g.nics, RH_MAX_NICS);
+	if (rc < 0) {
+		init_rc = rc;
+		return;
+	}
+	rh_g.nnics = rc;
+	poll_carrier(); /* a NIC already down at start is never advertised or used */
+	rh_g.ops = choose_transport();
+	rc = rh_g.ops->start((int)rh_param.NTHREADS);
+	if (rc < 0) {
+		init_rc = rc;
+		return;
+	}
+	for (int i = 0; i < rh_g.nnics; i++) {
+		rc = rh_g.ops->listen(i);
+		if (rc < 0) {
+			WARN("cannot listen on %s: %s", rh_g.nics[i].ifname, strerror(-rc));
+			init_rc = rc;
+			return;
+		}
+	}
+	rh_fo_start_ticker();
+	init_rc = 0;
+}
+
+int rh_init(ncclDebugLogger_t logger)
+{
+	rh_log_set(logger);
+	pthread_once(&init_once, init_once_fn);
+	return init_rc;
+}
+
+int rh_devices(int *ndev)
+{
+	*ndev = rh_g.nnics;
+	return 0;
+}
+
+int rh_nic_count(void)
+{
+	return rh_g.nnics;
+}
+
+int rh_get_props(int dev, struct rh_props *p)
+{
+	if (dev < 0 || dev >= rh_g.nnics) {
+		return -EINVAL;
+	}
+	p->name = rh_g.nics[dev].ifname;
+	p->pci = rh_g.nics[dev].pci[0] ? rh_g.nics[dev].pci : NULL;
+	p->guid = (uint64_t)dev;
+	p->speed = rh_g.nics[dev].speed;
+	p->rail = rh_g.nics[dev].rail;
+	p->max_recvs = RH_MAX_RECVS_ADVERTISED;
+	p->max_comms = 65536;
+	return 0;
+}
+
+static uint64_t random_id(void)
+{
+	uint64_t v = 0;
+
+	while (v == 0 || v == UINT64_MAX) {
+		if (getrandom(&v, sizeof(v), 0) != sizeof(v)) {
+			v = rh_now_ns() ^ (uint64_t)(uintptr_t)&v;
+		}
+	}
+	return v;
+}
+
+int rh_listen(int dev, void *handle, void **listen_comm)
+{
+	struct rh_listen *l;
+	struct rh_handle h = { 0 };
+
+	*listen_comm = NULL;
+	if (dev < 0 || dev >= rh_g.nnics) {
+		return -EINVAL;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l) {
+		return -ENOMEM;
+	}
+	l->dev = dev;
+	pthread_mutex_lock(&rh_g.mu);
+	l->id = random_id();
+	l->next = rh_g.listens;
+	rh_g.listens = l;
+	pthread_mutex_unlock(&rh_g.mu);
+	h.nnics = (uint8_t)(rh_g.nnics < RH_HANDLE_NICS ? rh_g.nnics : RH_HANDLE_NICS);
+	h.listen_nic = (uint8_t)(dev < RH_HANDLE_NICS ? dev : 0);
+	h.listen_id = l->id;
+	for (int i = 0; i < h.nnics; i++) {
+		h.nics[i].ipv4 = rh_g.nics[i].ipv4;
+		h.nics[i].port = rh_g.nics[i].port;
+		h.nics[i].rail = (int8_t)rh_g.nics[i].rail;
+		h.nics[i].up = __atomic_load_n(&rh_g.nics[i].up, __ATOMIC_RELAXED);
+	}
+	rh_handle_put(&h, handle);
+	*listen_comm = l;
+	return 0;
+}
+
+static void registry_add(struct rh_conn *c)
+{
+	c->gnext = rh_g.conns;
+	rh_g.conns = c;
+	c->registered = true;
+}
+
+static void registry_del(struct rh_conn *c)
+{
+	for (struct rh_conn **pp = &rh_g.conns; *pp; pp = &(*pp)->gnext) {
+		if (*pp == c) {
+			*pp = c->gnext;
+			c->registered = false;
+			return;
+		}
+	}
+}
+
+static struct rh_conn *registry_find(uint64_t id, bool is_send)
+{
+	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
+		if (c->id == id && c->is_send == is_send) {
+			return c;
+		}
+	}
+	return NULL;
+}
+
+int rh_conn_start_connect(struct rh_conn *c)
+{
+	int lnic, rnic, rc;
+	struct rh_lane *l;
+
+	rc = rh_fo_initial_pair(c, &lnic, &rnic);
+	if (rc < 0) {
+		return rc;
+	}
+	l = rh_conn_add_lane(c, c->next_lane_id, lnic, rnic, (int)rh_param.STREAMS_PER_LANE, true);
+	if (!l) {
+		return -ENOMEM;
+	}
+	c->next_lane_id += 2;
+	l->primary = true;
+	c->lnic_orig = lnic;
+	c->rnic_orig = rnic;
+	c->connect_attempts++;
+	return rh_conn_open_lane(c, l, RH_HELLO_CONN, 2000 + (int)rh_param.PROBE_TIMEOUT);
+}
+
+int rh_connect(int dev, void *handle, void **send_comm)
+{
+	uint8_t *hb = handle;
+	struct rh_conn *c = NULL, *it;
+	struct rh_handle h;
+	uint64_t cookie;
+	int rc = 0;
+
+	*send_comm = NULL;
+	memcpy(&cookie, hb + RH_HANDLE_COOKIE_OFF, sizeof(cookie));
+	if (cookie == 0) {
+		if (dev < 0 || dev >= rh_g.nnics || rh_handle_get(hb, &h) < 0) {
+			WARN("bad device %d or connect handle", dev);
+			return -EINVAL;
+		}
+		c = rh_conn_new(true);
+		if (!c) {
+			return -ENOMEM;
+		}
+		c->id = random_id();
+		c->dev = dev;
+		c->lnic_orig = dev;
+		c->rnic_orig = h.listen_nic;
+		c->remote_listen_id = h.listen_id; /* carried in the first hello */
+		c->nrnics = h.nnics;
+		for (int i = 0; i < h.nnics; i++) {
+			c->rnics[i].ipv4 = h.nics[i].ipv4;
+			c->rnics[i].port = h.nics[i].port;
+			c->rnics[i].rail = h.nics[i].rail;
+			c->rnics[i].numa = -1;
+			c->rnics[i].up = true;
+			if (!h.nics[i].up) {
+				/* The listener's side knew this NIC was down: avoid it for now. */
+				for (int l = 0; l < RH_MAX_NICS; l++) {
+					c->fo.bad_until_ms[l][i] =
+						rh_now_ms() + (uint64_t)rh_param.FAILBACK_INTERVAL;
+				}
+			}
+		}
+		c->t_connect_deadline_ms = rh_now_ms() + 30000;
+		pthread_mutex_lock(&rh_g.mu);
+		pthread_mutex_lock(&c->mu);
+		registry_add(c);
+		rc = rh_conn_start_connect(c);
+		pthread_mutex_unlock(&c->mu);
+		if (rc < 0) {
+			registry_del(c);
+		}
+		pthread_mutex_unlock(&rh_g.mu);
+		if (rc < 0) {
+			rh_core_conn_put(c);
+			return rc;
+		}
+		cookie = (uint64_t)(uintptr_t)c;
+		memcpy(hb + RH_HANDLE_COOKIE_OFF, &cookie, sizeof(cookie));
+		return 0;
+	}
+	pthread_mutex_lock(&rh_g.mu);
+	for (it = rh_g.conns; it; it = it->gnext) {
+		if ((uint64_t)(uintptr_t)it == cookie) {
+			c = it;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	if (!c) {
+		WARN("connect handle refers to an unknown connection");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (c->ready) {
+		*send_comm = c;
+		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
+	} else if (c->err) {
+		rc = c->err;
+	} else if (rh_now_ms() > c->t_connect_deadline_ms) {
+		rc = -ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (rc < 0) {
+		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
+		pthread_mutex_lock(&rh_g.mu);
+		pthread_mutex_lock(&c->mu);
+		registry_del(c);
+		atomic_store(&c->closed, true);
+		for (int i = 0; i < c->nlanes; i++) {
+			rh_conn_fence_lane(c, c->lanes[i]);
+		}
+		pthread_mutex_unlock(&c->mu);
+		pthread_mutex_unlock(&rh_g.mu);
+		rh_core_conn_put(c);
+	}
+	return rc;
+}
+
+int rh_accept(void *listen_comm, void **recv_comm)
+{
+	struct rh_listen *l = listen_comm;
+	struct rh_conn *c;
+
+	*recv_comm = NULL;
+	pthread_mutex_lock(&rh_g.mu);
+	c = l->ready_head;
+	if (c) {
+		l->ready_head = c->lnext;
+		if (!l->ready_head) {
+			l->ready_tail = NULL;
+		}
+		c->lnext = NULL;
+		c->accepted = true;
+		*recv_comm = c;
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	return 0;
+}
+
+int rh_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+{
+	(void)comm;
+	(void)data;
+	(void)size;
+	if (type != NCCL_PTR_HOST) {
+		return -EOPNOTSUPP;
+	}
+	/* Host memory needs no registration for TCP lanes; an RDMA transport registers on the
+	 * lanes that actually carry traffic (lazily, when traffic moves there). */
+	*mhandle = (void *)(uintptr_t)0x1;
+	return 0;
+}
+
+int rh_dereg_mr(void *comm, void *mhandle)
+{
+	(void)comm;
+	(void)mhandle;
+	return 0;
+}
+
+static void close_conn(struct rh_conn *c)
+{
+	uint64_t spin = 0;
+
+	pthread_mutex_lock(&rh_g.mu);
+	pthread_mutex_lock(&c->mu);
+	registry_del(c);
+	atomic_store(&c->closed, true);
+	if (!c->err && c->ctrl_lane) {
+		/* Best effort: tell the peer so its lane EOFs are not taken for failures. The
+		 * lanes are fenced by the ticker shortly after (never waiting on a dead lane). */
+		rh_conn_queue_bye(c);
+		c->fo.t_close_ms = rh_now_ms() + 100;
+		rh_conn_get(c);
+		registry_add(c); /* kept for the ticker; closed conns are not found by hellos */
+	} else {
+		for (int i = 0; i < c->nlanes; i++) {
+			rh_conn_fence_lane(c, c->lanes[i]);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&rh_g.mu);
+	/* Give the last ACKs and the BYE a moment to leave on healthy lanes (bounded: a dead
+	 * lane never holds close up for more than 50 ms). */
+	for (uint64_t end = rh_now_ms() + 50;;) {
+		struct timespec ts = { 0, 200 * 1000 };
+		bool flushed;
+
+		pthread_mutex_lock(&c->mu);
+		flushed = (c->ctrl_len == 0 && atomic_load(&c->ctrl_inflight) == 0) ||
+			  !c->ctrl_lane || c->err;
+		pthread_mutex_unlock(&c->mu);
+		if (flushed || rh_now_ms() >= end) {
+			break;
+		}
+		nanosleep(&ts, NULL);
+	}
+	/* No transport thread may touch user memory once we return. */
+	while (atomic_load(&c->active_io)) {
+		if (++spin > 1000) {
+			sched_yield();
+		}
+	}
+	rh_core_conn_put(c);
+}
+
+int rh_close_send(void *send_comm)
+{
+	close_conn(send_comm);
+	return 0;
+}
+
+int rh_close_recv(void *recv_comm)
+{
+	close_conn(recv_comm);
+	return 0;
+}
+
+int rh_close_listen(void *listen_comm)
+{
+	struct rh_listen *l = listen_comm, *drop;
+
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_listen **pp = &rh_g.listens; *pp; pp = &(*pp)->next) {
+		if (*pp == l) {
+			*pp = l->next;
+			break;
+		}
+	}
+	drop = l;
+	pthread_mutex_unlock(&rh_g.mu);
+	/* Connections established but never accepted are closed with the listener. */
+	while (drop->ready_head) {
+		struct rh_conn *c = drop->ready_head;
+
+		drop->ready_head = c->lnext;
+		close_conn(c);
+	}
+	/* Pending (not yet ready) connections of this listener: detach them. */
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
+		if (c->listen == l && !c->accepted) {
+			c->listen = NULL;
+		}
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	free(l);
+	return 0;
+}
+
+/* --- transport callbacks: handshakes and lane state --- */
+
+static void set_remote_table(struct rh_conn *c, const struct rh_hello *h)
+{
+	c->nrnics = h->nnics;
+	for (int i = 0; i < h->nnics; i++) {
+		c->rnics[i] = h->nics[i];
+	}
+}
+
+struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h,
+			      struct rh_hello *reply)
+{
+	struct rh_conn *c = NULL;
+	struct rh_lane *l = NULL;
+
+	pthread_mutex_lock(&rh_g.mu);
+	if (h->kind == RH_HELLO_CONN) {
+		struct rh_listen *ls;
+
+		for (ls = rh_g.listens; ls; ls = ls->next) {
+			if (ls->id == h->listen_id) {
+				break;
+			}
+		}
+		c = registry_find(hdr->conn_id, false);
+		if (!c) {
+			if (!ls || h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
+			    h->src_nic >= h->nnics || h->chunk < 4096) {
+				goto out;
+			}
+			c = rh_conn_new(false);
+			if (!c) {
+				goto out;
+			}
+			c->id = hdr->conn_id;
+			c->listen = ls;
+			c->dev = ls->dev;
+			c->lnic_orig = h->dst_nic;
+			c->rnic_orig = h->src_nic;
+			c->chunk = h->chunk;
+			set_remote_table(c, h);
+			registry_add(c);
+		}
+	} else if (h->kind == RH_HELLO_LANE) {
+		c = registry_find(hdr->conn_id, !h->from_sender);
+		if (!c || h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
+		    h->src_nic >= c->nrnics) {
+			c = NULL;
+			goto out;
+		}
+	} else {
+		goto out;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (atomic_load(&c->closed) || c->err) {
+		pthread_mutex_unlock(&c->mu);
+		goto out;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->id == h->lane_id && c->lanes[i]->state == RH_LANE_OPENING &&
+		    !c->lanes[i]->opener) {
+			l = c->lanes[i];
+		}
+	}
+	if (!l) {
+		l = rh_conn_add_lane(c, h->lane_id, h->dst_nic, h->src_nic, h->nstreams, false);
+		if (l) {
+			l->t_deadline_ms = rh_now_ms() + (h->kind == RH_HELLO_CONN ? 2000 : 200) +
+					   2 * (uint64_t)rh_param.PROBE_TIMEOUT;
+		}
+	}
+	if (l) {
+		if (hdr->epoch > c->epoch) {
+			c->epoch = hdr->epoch;
+		}
+		if (h->kind == RH_HELLO_LANE && h->nnics) {
+			set_remote_table(c, h);
+		}
+		rh_conn_get(c);
+		rh_conn_local_hello(c, reply);
+		reply->kind = h->kind;
+		reply->lane_id = h->lane_id;
+		reply->nstreams = h->nstreams;
+		reply->stream = h->stream;
+		reply->src_nic = h->dst_nic;
+		reply->dst_nic = h->src_nic;
+	}
+	pthread_mutex_unlock(&c->mu);
+out:
+	pthread_mutex_unlock(&rh_g.mu);
+	return l;
+}
+
+void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
+{
+	struct rh_conn *c = l->conn;
+	bool push = false;
+
+	pthread_mutex_lock(&rh_g.mu);
+	pthread_mutex_lock(&c->mu);
+	if (l->state != RH_LANE_OPENING) {
+		goto out;
+	}
+	if (reply && reply->nnics) {
+		set_remote_table(c, reply);
+	}
+	if (++l->nready < l->nstreams) {
+		goto out;
+	}
+	l->state = RH_LANE_ACTIVE;
+	RH_PROBE4(lane_up, c->id, l->id, l->lnic, l->rnic);
+	rh_ctl_lane_event(RH_EVT_LANE_UP, c->id, c->epoch, l->id, l->lnic, 0, 0);
+	INFO("conn %016llx (%s): lane %u up %s -> peer NIC %d%s", (unsigned long long)c->id,
+	     c->is_send ? "send" : "recv", l->id, rh_g.nics[l->lnic].ifname, l->rnic,
+	     l->primary ? " (primary)" : "");
+	if (!c->ready) {
+		c->ready = true;
+		rh_conn_pick_ctrl_lane(c);
+		push = !c->is_send && c->listen;
+	} else {
+		rh_fo_lane_up(c, l);
+	}
+	if (push) {
+		struct rh_listen *ls = c->listen;
+
+		if (ls->ready_tail) {
+			ls->ready_tail->lnext = c;
+		} else {
+			ls->ready_head = c;
+		}
+		ls->ready_tail = c;
+	}
+out:
+	pthread_mutex_unlock(&c->mu);
+	pthread_mutex_unlock(&rh_g.mu);
+}
+
+void rh_core_lane_error(struct rh_lane *l, int err)
+{
+	struct rh_conn *c = l->conn;
+
+	pthread_mutex_lock(&c->mu);
+	if (l->state != RH_LANE_DEAD) {
+		rh_fo_lane_failed(c, l, err, "transport error");
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void rh_core_stream_eof(struct rh_lane *l)
+{
+	struct rh_conn *c = l->conn;
+
+	pthread_mutex_lock(&c->mu);
+	if (l->state != RH_LANE_DEAD && ++l->neof >= l->nstreams) {
+		if (c->peer_closed || (l->state == RH_LANE_DRAINING && l->bye_sent)) {
+			rh_conn_fence_lane(c, l);
+		} else {
+			rh_fo_lane_failed(c, l, -ECONNRESET, "peer closed the lane");
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+void rh_core_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
+{
+	pthread_mutex_lock(&c->mu);
+	rh_fo_probe_done(c, cookie, ok);
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* --- health and the ticker --- */
+
+static uint32_t down_mask[RH_MAX_NICS]; /* sources holding each NIC down (ticker/API) */
+static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
+{
+	struct rh_conn *list[1024];
+	int n = 0;
+	bool now_up;
+
+	if (nic < 0 || nic >= rh_g.nnics) {
+		return;
+	}
+	pthread_mutex_lock(&health_mu);
+	if (up) {
+		down_mask[nic] &= ~(uint32_t)src;
+	} else {
+		down_mask[nic] |= (uint32_t)src;
+	}
+	now_up = down_mask[nic] == 0;
+	pthread_mutex_unlock(&health_mu);
+	if (__atomic_exchange_n(&rh_g.nics[nic].up, now_up, __ATOMIC_ACQ_REL) == now_up) {
+		return;
+	}
+	WARN("NIC %s marked %s (%s)", rh_g.nics[nic].ifname, now_up ? "up" : "down",
+	     src == RH_HEALTH_CARRIER ? "carrier" :
+	     src == RH_HEALTH_AGENT   ? "agent" :
+					"api");
+	if (now_up) {
+		return;
+	}
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
+		rh_conn_get(c);
+		list[n++] = c;
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	for (int i = 0; i < n; i++) {
+		struct rh_conn *c = list[i];
+
+		pthread_mutex_lock(&c->mu);
+		for (int k = 0; k < c->nlanes; k++) {
+			struct rh_lane *l = c->lanes[k];
+
+			if (l->lnic == nic && l->state != RH_LANE_DEAD) {
+				rh_fo_lane_failed(c, l, -ENETDOWN, "local NIC down");
+			}
+		}
+		pthread_mutex_unlock(&c->mu);
+		rh_core_conn_put(c);
+	}
+}
+
+void rh_nic_set_health(int nic, bool up)
+{
+	rh_nic_set_health_from(nic, RH_HEALTH_API, up);
+}
+
+const char *rh_nic_name(int nic)
+{
+	return nic >= 0 && nic < rh_g.nnics ? rh_g.nics[nic].ifname : "";
+}
+
+const char *rh_run_dir(void)
+{
+	return rh_param.RUN_DIR;
+}
+
+/* The agent control plane (agent.c + ctl.c) is polled from the ticker every 20 ms. */
+
+static void poll_carrier(void)
+{
+	static bool down_by_carrier[RH_MAX_NICS];
+
+	for (int i = 0; i < rh_g.nnics; i++) {
+		int c = rh_nic_read_carrier(rh_param.SYSFS_ROOT, rh_g.nics[i].ifname);
+
+		if (c == 0 && !down_by_carrier[i]) {
+			down_by_carrier[i] = true;
+			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, false);
+		} else if (c == 1 && down_by_carrier[i]) {
+			down_by_carrier[i] = false;
+			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, true);
+		}
+	}
+}
+
+static void *ticker(void *arg)
+{
+	uint64_t last_carrier = 0;
+
+	(void)arg;
+	for (;;) {
+		struct timespec ts = { 0, 20 * 1000 * 1000 };
+		struct rh_conn *list[1024];
+		int n = 0;
+		uint64_t now;
+
+		nanosleep(&ts, NULL);
+		now = rh_now_ms();
+		if (rh_param.CARRIER_POLL > 0 &&
+		    now - last_carrier >= (uint64_t)rh_param.CARRIER_POLL) {
+			last_carrier = now;
+			poll_carrier();
+		}
+		rh_ctl_poll(now);
+		pthread_mutex_lock(&rh_g.mu);
+		for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
+			rh_conn_get(c);
+			list[n++] = c;
+		}
+		pthread_mutex_unlock(&rh_g.mu);
+		for (int i = 0; i < n; i++) {
+			struct rh_conn *c = list[i];
+			bool drop = false;
+
+			pthread_mutex_lock(&rh_g.mu);
+			pthread_mutex_lock(&c->mu);
+			if (atomic_load(&c->closed)) {
+				if (c->registered && (c->ctrl_len == 0 || now >= c->fo.t_close_ms ||
+						      !c->ctrl_lane)) {
+					/* BYE flushed (or deadline): fence and drop the close ref. */
+					for (int k = 0; k < c->nlanes; k++) {
+						rh_conn_fence_lane(c, c->lanes[k]);
+					}
+					registry_del(c);
+					drop = true;
+				}
+			} else {
+				rh_fo_tick(c, now);
+				if (c->err && !c->is_send && !c->ready && c->registered) {
+					registry_del(c); /* half-open incoming connection */
+					drop = true;
+				}
+			}
+			pthread_mutex_unlock(&c->mu);
+			pthread_mutex_unlock(&rh_g.mu);
+			if (drop) {
+				rh_core_conn_put(c);
+			}
+			rh_core_conn_put(c);
+		}
+	}
+	return NULL;
+}
+
+void rh_fo_start_ticker(void)
+{
+	pthread_t t;
+	pthread_attr_t a;
+
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &a, ticker, NULL) == 0) {
+		pthread_setname_np(t, "railhop-tick");
+	}
+	pthread_attr_destroy(&a);
+}

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The scheduler: which bytes go on which lane (pure functions, unit-tested).
+ *
+ * A message of `size` bytes is cut into chunks of `chunk` bytes placed by offset (a zero-byte
+ * message is one empty chunk). Chunks are pulled in message order by whichever stream of an
+ * eligible lane can write, so a message is striped over every eligible lane in proportion to
+ * what each lane can carry (a lane on a congested or slower NIC pulls fewer chunks).
+ * Eligibility follows the lane state; a DRAINING lane only finishes messages that were begun
+ * before it was retired, which makes fail-back switch at message boundaries.
+ */
+#ifndef RH_SCHED_H
+#define RH_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lane_state.h"
+
+/* Number of chunks of a message (>= 1). */
+uint64_t rh_sched_nchunks(uint64_t size, uint64_t chunk);
+/* Offset and length of chunk idx; false when idx is past the end. */
+bool rh_sched_chunk(uint64_t size, uint64_t chunk, uint64_t idx, uint64_t *off, uint64_t *len);
+/* May a lane carry a chunk of a message first scheduled in generation msg_gen?
+ * msg_gen == UINT32_MAX means "not started yet" (a new message). */
+bool rh_sched_lane_may_carry(enum rh_lane_state st, uint32_t retire_gen, uint32_t msg_gen);
+
+#define RH_GEN_NEW UINT32_MAX
+
+#endif

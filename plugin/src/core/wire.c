@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <string.h>
+
+#include "wire.h"
+
+static void put16(uint8_t *b, uint16_t v)
+{
+	b[0] = v;
+	b[1] = v >> 8;
+}
+
+static void put32(uint8_t *b, uint32_t v)
+{
+	for (int i = 0; i < 4; i++) {
+		b[i] = v >> (8 * i);
+	}
+}
+
+static void put64(uint8_t *b, uint64_t v)
+{
+	for (int i = 0; i < 8; i++) {
+		b[i] = v >> (8 * i);
+	}
+}
+
+static uint16_t get16(const uint8_t *b)
+{
+	return (uint16_t)(b[0] | b[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *b)
+{
+	uint32_t v = 0;
+
+	for (int i = 3; i >= 0; i--) {
+		v = v << 8 | b[i];
+	}
+	return v;
+}
+
+static uint64_t get64(const uint8_t *b)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--) {
+		v = v << 8 | b[i];
+	}
+	return v;
+}
+
+void rh_hdr_put(const struct rh_hdr *h, uint8_t *b)
+{
+	b[0] = h->type;
+	b[1] = h->slot;
+	put16(b + 2, h->flags);
+	put32(b + 4, h->len);
+	put64(b + 8, h->conn_id);
+	put32(b + 16, h->epoch);
+	put32(b + 20, h->aux);
+	put64(b + 24, h->seq);
+	put64(b + 32, h->off);
+	put64(b + 40, h->total);
+}
+
+int rh_hdr_get(const uint8_t *b, struct rh_hdr *h)
+{
+	h->type = b[0];
+	h->slot = b[1];
+	h->flags = get16(b + 2);
+	h->len = get32(b + 4);
+	h->conn_id = get64(b + 8);
+	h->epoch = get32(b + 16);
+	h->aux = get32(b + 20);
+	h->seq = get64(b + 24);
+	h->off = get64(b + 32);
+	h->total = get64(b + 40);
+	if (h->type == 0 || h->type >= RH_F_MAX || h->slot >= RH_MAX_RECVS) {
+		return -EPROTO;
+	}
+	if (h->type != RH_F_DATA && h->len > RH_CTRL_MAX) {
+		return -EPROTO;
+	}
+	if (h->type == RH_F_DATA && (h->off > h->total || h->len > h->total - h->off)) {
+		return -EPROTO;
+	}
+	return 0;
+}
+
+static int put_nic(const struct rh_peer_nic *n, uint8_t *b, size_t cap)
+{
+	size_t plen = strnlen(n->pci, RH_PCI_MAX - 1);
+
+	if (cap < 12 + plen) {
+		return -ENOSPC;
+	}
+	memcpy(b, &n->ipv4, 4);
+	memcpy(b + 4, &n->port, 2);
+	put16(b + 6, (uint16_t)n->rail);
+	put16(b + 8, (uint16_t)n->numa);
+	b[10] = n->up;
+	b[11] = (uint8_t)plen;
+	memcpy(b + 12, n->pci, plen);
+	return (int)(12 + plen);
+}
+
+static int get_nic(const uint8_t *b, size_t len, struct rh_peer_nic *n)
+{
+	if (len < 12 || len < 12u + b[11] || b[11] >= RH_PCI_MAX) {
+		return -EPROTO;
+	}
+	memcpy(&n->ipv4, b, 4);
+	memcpy(&n->port, b + 4, 2);
+	n->rail = (int16_t)get16(b + 6);
+	n->numa = (int16_t)get16(b + 8);
+	n->up = b[10];
+	memcpy(n->pci, b + 12, b[11]);
+	n->pci[b[11]] = 0;
+	return 12 + b[11];
+}
+
+int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
+{
+	size_t o = 28;
+
+	if (cap < o || h->nnics < 0 || h->nnics > RH_MAX_NICS) {
+		return -ENOSPC;
+	}
+	put32(b, RH_MAGIC);
+	b[4] = h->kind;
+	b[5] = h->from_sender;
+	b[6] = h->nstreams;
+	b[7] = h->stream;
+	put32(b + 8, h->lane_id);
+	put64(b + 12, h->listen_id);
+	put32(b + 20, h->chunk);
+	put16(b + 24, (uint16_t)h->src_nic);
+	put16(b + 26, (uint16_t)h->dst_nic);
+	if (cap < o + 1) {
+		return -ENOSPC;
+	}
+	b[o++] = (uint8_t)h->nnics;
+	for (int i = 0; i < h->nnics; i++) {
+		int r = put_nic(&h->nics[i], b + o, cap - o);
+
+		if (r < 0) {
+			return r;
+		}
+		o += r;
+	}
+	return (int)o;
+}
+
+int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
+{
+	size_t o = 29;
+
+	if (len < o || get32(b) != RH_MAGIC) {
+		return -EPROTO;
+	}
+	h->kind = b[4];
+	h->from_sender = b[5];
+	h->nstreams = b[6];
+	h->stream = b[7];
+	h->lane_id = get32(b + 8);
+	h->listen_id = get64(b + 12);
+	h->chunk = get32(b + 20);
+	h->src_nic = (int16_t)get16(b + 24);
+	h->dst_nic = (int16_t)get16(b + 26);
+	h->nnics = b[28];
+	if (h->kind < RH_HELLO_CONN || h->kind > RH_HELLO_PROBE || h->nnics > RH_MAX_NICS ||
+	    h->stream >= h->nstreams + (h->kind == RH_HELLO_PROBE)) {
+		return -EPROTO;
+	}
+	for (int i = 0; i < h->nnics; i++) {
+		int r = get_nic(b + o, len - o, &h->nics[i]);
+
+		if (r < 0) {
+			return r;
+		}
+		o += r;
+	}
+	return 0;
+}
+
+int rh_cts_put(const struct rh_cts *c, uint8_t *b, size_t cap)
+{
+	if (c->n < 1 || c->n > RH_MAX_RECVS || cap < 12u * c->n) {
+		return -ENOSPC;
+	}
+	for (int i = 0; i < c->n; i++) {
+		put32(b + 12 * i, (uint32_t)c->tags[i]);
+		put64(b + 12 * i + 4, c->sizes[i]);
+	}
+	return 12 * c->n;
+}
+
+int rh_cts_get(const uint8_t *b, size_t len, int n, struct rh_cts *c)
+{
+	if (n < 1 || n > RH_MAX_RECVS || len != 12u * n) {
+		return -EPROTO;
+	}
+	c->n = n;
+	for (int i = 0; i < n; i++) {
+		c->tags[i] = (int32_t)get32(b + 12 * i);
+		c->sizes[i] = get64(b + 12 * i + 4);
+	}
+	return 0;
+}
+
+int rh_dead_put(int ndead, const uint32_t *dead, uint8_t *b, size_t cap)
+{
+	if (ndead < 0 || ndead > RH_MAX_DEAD || cap < 1 + 4u * ndead) {
+		return -ENOSPC;
+	}
+	b[0] = (uint8_t)ndead;
+	for (int i = 0; i < ndead; i++) {
+		put32(b + 1 + 4 * i, dead[i]);
+	}
+	return 1 + 4 * ndead;
+}
+
+int rh_dead_get(const uint8_t *b, size_t len, int *ndead, uint32_t *dead)
+{
+	if (len < 1 || b[0] > RH_MAX_DEAD || len < 1u + 4u * b[0]) {
+		return -EPROTO;
+	}
+	*ndead = b[0];
+	for (int i = 0; i < *ndead; i++) {
+		dead[i] = get32(b + 1 + 4 * i);
+	}
+	return 1 + 4 * *ndead;
+}
+
+int rh_resume_put(const struct rh_resume *r, uint8_t *b, size_t cap)
+{
+	int o = rh_dead_put(r->ndead, r->dead, b, cap);
+
+	if (o < 0 || cap < (size_t)o + 9 || r->nout < 0 || r->nout > RH_RING) {
+		return -ENOSPC;
+	}
+	put64(b + o, r->next_seq);
+	b[o + 8] = (uint8_t)r->nout;
+	o += 9;
+	for (int i = 0; i < r->nout; i++) {
+		int l;
+
+		if (cap < (size_t)o + 10) {
+			return -ENOSPC;
+		}
+		put64(b + o, r->out[i].seq);
+		b[o + 8] = (uint8_t)r->out[i].n;
+		b[o + 9] = r->done[i];
+		o += 10;
+		l = rh_cts_put(&r->out[i], b + o, cap - o);
+		if (l < 0) {
+			return l;
+		}
+		o += l;
+	}
+	return o;
+}
+
+int rh_resume_get(const uint8_t *b, size_t len, struct rh_resume *r)
+{
+	int o = rh_dead_get(b, len, &r->ndead, r->dead);
+
+	if (o < 0 || len < (size_t)o + 9) {
+		return -EPROTO;
+	}
+	r->next_seq = get64(b + o);
+	r->nout = b[o + 8];
+	o += 9;
+	if (r->nout > RH_RING) {
+		return -EPROTO;
+	}
+	for (int i = 0; i < r->nout; i++) {
+		int n;
+
+		if (len < (size_t)o + 10) {
+			return -EPROTO;
+		}
+		r->out[i].seq = get64(b + o);
+		n = b[o + 8];
+		r->done[i] = b[o + 9];
+		o += 10;
+		if (n < 1 || n > RH_MAX_RECVS || len < (size_t)o + 12u * n) {
+			return -EPROTO;
+		}
+		if (rh_cts_get(b + o, 12u * n, n, &r->out[i]) < 0) {
+			return -EPROTO;
+		}
+		r->out[i].seq = get64(b + o - 10);
+		o += 12 * n;
+	}
+	return (size_t)o == len ? 0 : -EPROTO;
+}
+
+void rh_handle_put(const struct rh_handle *h, uint8_t *b)
+{
+	memset(b, 0, RH_HANDLE_LEN);
+	put32(b, RH_MAGIC);
+	b[4] = h->nnics;
+	b[5] = h->listen_nic;
+	put64(b + 8, h->listen_id);
+	for (int i = 0; i < h->nnics && i < RH_HANDLE_NICS; i++) {
+		uint8_t *p = b + 16 + 8 * i;
+
+		memcpy(p, &h->nics[i].ipv4, 4);
+		memcpy(p + 4, &h->nics[i].port, 2);
+		p[6] = (uint8_t)h->nics[i].rail;
+		p[7] = h->nics[i].up;
+	}
+}
+
+int rh_handle_get(const uint8_t *b, struct rh_handle *h)
+{
+	if (get32(b) != RH_MAGIC || b[4] == 0 || b[4] > RH_HANDLE_NICS || b[5] >= b[4]) {
+		return -EINVAL;
+	}
+	h->nnics = b[4];
+	h->listen_nic = b[5];
+	h->listen_id = get64(b + 8);
+	for (int i = 0; i < h->nnics; i++) {
+		const uint8_t *p = b + 16 + 8 * i;
+
+		memcpy(&h->nics[i].ipv4, p, 4);
+		memcpy(&h->nics[i].port, p + 4, 2);
+		h->nics[i].rail = (int8_t)p[6];
+		h->nics[i].up = p[7];
+	}
+	return 0;
+}

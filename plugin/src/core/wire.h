@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Wire formats (pure encode/decode, little-endian, unit-tested):
+ *  - the 48-byte frame header every lane frame starts with: type, slot, payload length,
+ *    connection id, epoch, message seq, offset, total size;
+ *  - control payloads: clear-to-send (CTS), RESUME (receiver's completion record), FAILREQ;
+ *  - the lane handshake (HELLO / HELLO_ACK) carrying each side's full NIC table;
+ *  - the 128-byte connect handle NCCL passes from listener to connector.
+ */
+#ifndef RH_WIRE_H
+#define RH_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../nic.h"
+
+#define RH_HDR_LEN 48
+#define RH_MAGIC 0x50484852u /* "RHHP" */
+#define RH_MAX_RECVS 8
+#define RH_RING 64 /* > NCCL_NET_MAX_REQUESTS outstanding receives */
+#define RH_CTRL_MAX 16384
+#define RH_HANDLE_NICS 12
+#define RH_MAX_DEAD 16
+
+enum rh_ftype {
+	RH_F_DATA = 1, /* seq/slot/off/len chunk of a message of total bytes; payload follows */
+	RH_F_CTS = 2, /* receiver posted receive seq: aux = n, payload = n x (tag, size) */
+	RH_F_ACK = 3, /* receiver completed (seq, slot) with total bytes */
+	RH_F_RESUME = 4, /* receiver's completion record after a failover (epoch = new epoch) */
+	RH_F_FAILREQ = 5, /* sender asks for a RESUME (payload: dead lane ids) */
+	RH_F_BYE = 6, /* graceful retirement of lane aux (fail-back) */
+	RH_F_HELLO = 7, /* lane handshake request */
+	RH_F_HELLO_ACK = 8, /* lane handshake reply (aux = status) */
+	RH_F_MAX
+};
+
+struct rh_hdr {
+	uint8_t type;
+	uint8_t slot;
+	uint16_t flags;
+	uint32_t len; /* payload bytes following the header */
+	uint64_t conn_id;
+	uint32_t epoch;
+	uint32_t aux;
+	uint64_t seq;
+	uint64_t off;
+	uint64_t total;
+};
+
+void rh_hdr_put(const struct rh_hdr *h, uint8_t *b);
+/* -EPROTO for an unknown type, a slot >= RH_MAX_RECVS or an oversized control payload. */
+int rh_hdr_get(const uint8_t *b, struct rh_hdr *h);
+
+/* What each side knows about a NIC of the other side. */
+struct rh_peer_nic {
+	uint32_t ipv4; /* network order */
+	uint16_t port; /* network order */
+	int16_t rail;
+	int16_t numa;
+	bool up;
+	char pci[RH_PCI_MAX];
+};
+
+enum rh_hello_kind {
+	RH_HELLO_CONN = 1, /* first lane of a new connection (names the listen comm) */
+	RH_HELLO_LANE = 2, /* extra lane of an existing connection (names conn id + epoch) */
+	RH_HELLO_PROBE = 3, /* health probe: answered and closed */
+};
+
+struct rh_hello {
+	uint8_t kind;
+	uint8_t from_sender; /* the opener is the data sender of the connection */
+	uint8_t nstreams;
+	uint8_t stream;
+	uint32_t lane_id;
+	uint64_t listen_id;
+	uint32_t chunk;
+	int16_t src_nic; /* opener's NIC index */
+	int16_t dst_nic; /* NIC index of the listener at the other end */
+	int nnics;
+	struct rh_peer_nic nics[RH_MAX_NICS];
+};
+
+/* Returns the encoded length or -ENOSPC. */
+int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap);
+int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h);
+
+struct rh_cts {
+	uint64_t seq;
+	int n;
+	int32_t tags[RH_MAX_RECVS];
+	uint64_t sizes[RH_MAX_RECVS];
+};
+
+int rh_cts_put(const struct rh_cts *c, uint8_t *b, size_t cap);
+int rh_cts_get(const uint8_t *b, size_t len, int n, struct rh_cts *c);
+
+/* The receiver's completion record: everything below next_seq that is not listed is complete. */
+struct rh_resume {
+	uint64_t next_seq;
+	int ndead;
+	uint32_t dead[RH_MAX_DEAD]; /* lane ids the sender must fence */
+	int nout;
+	struct rh_cts out[RH_RING]; /* posted, incomplete receives */
+	uint8_t done[RH_RING]; /* per outstanding receive: mask of completed slots */
+};
+
+int rh_resume_put(const struct rh_resume *r, uint8_t *b, size_t cap);
+int rh_resume_get(const uint8_t *b, size_t len, struct rh_resume *r);
+/* FAILREQ payload: list of dead lane ids. */
+int rh_dead_put(int ndead, const uint32_t *dead, uint8_t *b, size_t cap);
+int rh_dead_get(const uint8_t *b, size_t len, int *ndead, uint32_t *dead);
+
+/* The connect handle (<= 128 bytes): names the listen comm and every NIC listener. */
+struct rh_handle {
+	uint8_t nnics;
+	uint8_t listen_nic;
+	uint64_t listen_id;
+	struct {
+		uint32_t ipv4;
+		uint16_t port;
+		int8_t rail;
+		uint8_t up;
+	} nics[RH_HANDLE_NICS];
+};
+
+#define RH_HANDLE_LEN 128
+#define RH_HANDLE_COOKIE_OFF 120 /* 8 bytes the connector uses to resume its state machine */
+
+void rh_handle_put(const struct rh_handle *h, uint8_t *b);
+int rh_handle_get(const uint8_t *b, struct rh_handle *h);
+
+#endif

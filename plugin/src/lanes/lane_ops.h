@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * struct lane_ops: the transport interface under the railhop core.
+ *
+ * A *lane* is one transport channel between a (local NIC, remote NIC) pair that belongs to one
+ * railhop connection (one NCCL send/recv comm pair). A connection carries its traffic over one
+ * or more lanes (the primary lane, plus backup lanes after a failover). A lane may consist of
+ * several streams (TCP: several sockets) for bandwidth; the core does not see streams.
+ *
+ * Frames (core/wire.h) are the unit on every lane: a DATA frame carries one chunk of a message
+ * placed at an offset of the receiver's posted buffer; control frames (CTS, ACK, RESUME,
+ * FAILREQ, BYE) carry the protocol. Byte-stream transports (TCP) send the 48-byte header and
+ * then the payload, and the receiving side asks the core where to place it (rh_core_rx_data).
+ * One-sided transports (libfabric FI_RMA) fit the same calls: the CTS record then also carries
+ * the receiver's buffer address and key, next_tx() hands out a chunk plus its remote placement,
+ * the transport issues a write-with-immediate (immediate = seq/slot/chunk) and reports the
+ * receiver-side completion through rh_core_rx_data()/rh_core_rx_data_done() from its CQ, with
+ * no copy. Control frames go as small sends.
+ *
+ * Threading: transports run their own I/O threads. Callbacks into the core (rh_core_*) are made
+ * WITHOUT the connection lock held; lane_ops callbacks marked "locked" are called by the core
+ * with the connection lock held and must not block or call back into the core.
+ */
+#ifndef RH_LANE_OPS_H
+#define RH_LANE_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/lane_state.h"
+#include "../core/wire.h"
+
+struct rh_conn;
+
+struct rh_lane {
+	struct rh_conn *conn;
+	const struct lane_ops *ops;
+	uint32_t id; /* unique in the connection: even = opened by the sender side */
+	int lnic, rnic; /* local NIC index, index into the peer's NIC table */
+	enum rh_lane_state state; /* see lane_state.h; written under the connection lock */
+	bool primary; /* the connection's original (local, remote) pair */
+	bool opener; /* this side opened it */
+	int nstreams, nready; /* streams wanted / handshaken */
+	int weight; /* spreading weight from the ranking */
+	uint32_t retire_gen; /* DRAINING: carries only messages of older generations */
+	uint64_t t_deadline_ms; /* OPENING: handshake deadline */
+	uint64_t t_suspect_ms; /* SUSPECT: when the confirming probe started */
+	uint64_t probe_cookie; /* SUSPECT: the probe's cookie */
+	bool bye_sent; /* DRAINING: retirement announced to the peer */
+	int neof; /* streams closed in order by the peer */
+	void *tp; /* transport state; NULL once the transport released the lane */
+};
+
+/* One frame to transmit, filled by rh_core_next_tx(). */
+struct rh_tx {
+	uint8_t hdr[RH_HDR_LEN];
+	const void *payload; /* DATA: user memory (valid until the message is acknowledged) */
+	size_t len; /* DATA payload bytes */
+	size_t ctrl_len; /* control bytes copied into the caller's buffer (headers included) */
+	bool is_data;
+};
+
+struct lane_ops {
+	const char *name;
+	/* Start the process-wide transport machinery once (I/O threads). */
+	int (*start)(int nthreads);
+	/* Open the lane listener of local NIC nic (fills rh_g.nics[nic].port). Every NIC keeps one
+	 * for the lanes of all connections and for probes. */
+	int (*listen)(int nic);
+	/* Start opening lane->nstreams streams from local NIC lane->lnic to ip:port and send the
+	 * handshake hello (stream index filled in per stream). Non-blocking. The outcome arrives
+	 * as rh_core_stream_ready() per stream or rh_core_lane_error(). Locked. */
+	int (*open)(struct rh_lane *lane, const struct rh_hello *hello, uint64_t conn_id,
+		    uint32_t epoch, uint32_t ip, uint16_t port);
+	/* There is new work (data or control) for the lane: wake its I/O. Never blocks. Locked. */
+	void (*kick)(struct rh_lane *lane);
+	/* Fence the lane: stop all I/O on it, never block (a dead peer must not stall the caller).
+	 * After fence returns, no user memory is touched for this lane once the core's
+	 * active_io count drains; resources are released asynchronously and the transport sets
+	 * lane->tp to NULL (under the connection lock) when done. Locked. */
+	void (*fence)(struct rh_lane *lane);
+	/* True when the lane has had data outstanding with no transport-level progress (TCP:
+	 * no new acknowledged bytes while bytes are unacknowledged) for timeout_ms. Locked. */
+	bool (*stalled)(struct rh_lane *lane, uint64_t now_ms, int timeout_ms);
+	/* Probe the (local NIC lnic, ip:port) pair: a handshake round trip with deadline
+	 * timeout_ms; the result arrives as rh_core_probe_done(conn, cookie, ok). Locked. */
+	int (*probe)(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
+		     int timeout_ms);
+};
+
+/* --- Core entry points for transports (called without the connection lock) --- */
+
+/* A handshake arrived on a listener. Returns the lane (with a connection reference taken) the
+ * stream joins, or NULL to refuse; fills *reply with this side's hello. */
+struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *hello,
+			      struct rh_hello *reply);
+/* A stream of the lane finished its handshake; reply is the peer's hello (opener side) or
+ * NULL (accepting side). */
+void rh_core_stream_ready(struct rh_lane *lane, const struct rh_hello *reply);
+/* Next frame for stream `stream` of the lane. Control frames are copied into ctrl (cap bytes).
+ * Returns 1 with *tx filled, 0 when there is nothing to send. */
+int rh_core_next_tx(struct rh_lane *lane, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx);
+/* A DATA header arrived: returns where to place the payload, or NULL to discard it.
+ * *counted is set when the chunk counts towards completion (then rx_data_done must follow). */
+void *rh_core_rx_data(struct rh_lane *lane, const struct rh_hdr *hdr, bool *counted);
+void rh_core_rx_data_done(struct rh_lane *lane, const struct rh_hdr *hdr, bool counted, bool ok);
+/* A control frame arrived. */
+void rh_core_rx_ctrl(struct rh_lane *lane, const struct rh_hdr *hdr, const uint8_t *payload);
+/* The transport failed on the lane (err: negative errno). */
+void rh_core_lane_error(struct rh_lane *lane, int err);
+/* The peer closed one stream of the lane in order (TCP FIN after all its frames were read).
+ * When every stream has, the lane is closed by the peer: quiet if the peer said BYE, else a
+ * failure. This keeps a peer's last frames on one stream from racing its close on another. */
+void rh_core_stream_eof(struct rh_lane *lane);
+/* A control batch returned by rh_core_next_tx() has left (or was lost with its stream). */
+void rh_core_ctrl_written(struct rh_lane *lane, size_t len);
+void rh_core_probe_done(struct rh_conn *conn, uint64_t cookie, bool ok);
+/* Guards around every transport access to user memory (see fence()). Returns false when the
+ * connection is closing and the access must not start. */
+bool rh_core_io_enter(struct rh_conn *conn);
+void rh_core_io_exit(struct rh_conn *conn);
+void rh_core_conn_put(struct rh_conn *conn);
+
+extern const struct lane_ops rh_tcp_ops;
+
+#endif

@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "param.h"
+
+extern char **environ;
+
+struct rh_params rh_param = {
+#define RH_PARAM_DEF_int(def) (def)
+#define RH_PARAM_DEF_str(def) (def)
+#define X(name, type, def, doc) .name = RH_PARAM_DEF_##type(def),
+	RH_PARAMS(X)
+#undef X
+};
+
+/* RAILHOP_* variables used by other railhop components (not plugin parameters). */
+static const char *const other_names[] = { "PLUGIN_PATH", "HARNESS_PATH", "HARNESS_VERBOSE",
+					   "POLICY",	  "TEST",	  NULL };
+
+int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+	char *end;
+	long long v;
+
+	if (!s || !*s) {
+		return -EINVAL;
+	}
+	errno = 0;
+	v = strtoll(s, &end, 0);
+	if (errno || *end || v < min || v > max) {
+		return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
+int rh_parse_rail_rule(const char *s, enum rh_rail_rule *out)
+{
+	if (!strcasecmp(s, "same")) {
+		*out = RH_RAIL_SAME;
+	} else if (!strcasecmp(s, "any")) {
+		*out = RH_RAIL_ANY;
+	} else {
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static const char *const dist_names[] = { "PIX", "PXB", "PHB", "NODE", "SYS" };
+
+int rh_parse_dist(const char *s, enum rh_dist *out)
+{
+	for (int i = 0; i <= RH_DIST_SYS; i++) {
+		if (!strcasecmp(s, dist_names[i])) {
+			*out = (enum rh_dist)i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+const char *rh_dist_name(enum rh_dist d)
+{
+	return d <= RH_DIST_SYS ? dist_names[d] : "?";
+}
+
+bool rh_param_known(const char *name)
+{
+#define X(pname, type, def, doc)     \
+	if (!strcmp(name, #pname)) { \
+		return true;         \
+	}
+	RH_PARAMS(X)
+#undef X
+	for (int i = 0; other_names[i]; i++) {
+		if (!strcmp(name, other_names[i])) {
+			return true;
+		}
+	}
+	return false;
+}
+
+static int load_int(const char *name, int64_t *v)
+{
+	char env[64] = "RAILHOP_";
+	const char *s;
+
+	strncat(env, name, sizeof(env) - 9);
+	s = getenv(env);
+	if (!s) {
+		INFO("%s=%lld (default)", env, (long long)*v);
+		return 0;
+	}
+	if (rh_parse_int(s, 0, INT64_MAX, v) < 0) {
+		WARN("%s=\"%s\" is not a non-negative integer", env, s);
+		return -EINVAL;
+	}
+	INFO("%s=%lld (env)", env, (long long)*v);
+	return 0;
+}
+
+static int load_str(const char *name, const char **v)
+{
+	char env[64] = "RAILHOP_";
+	const char *s;
+
+	strncat(env, name, sizeof(env) - 9);
+	s = getenv(env);
+	if (!s) {
+		INFO("%s=\"%s\" (default)", env, *v);
+		return 0;
+	}
+	*v = s;
+	INFO("%s=\"%s\" (env)", env, *v);
+	return 0;
+}
+
+int rh_params_load(void)
+{
+	enum rh_rail_rule rr;
+	enum rh_dist d;
+	int rc = 0;
+
+#define RH_PARAM_LOAD_int(name) load_int(#name, &rh_param.name)
+#define RH_PARAM_LOAD_str(name) load_str(#name, &rh_param.name)
+#define X(name, type, def, doc)               \
+	if (RH_PARAM_LOAD_##type(name) < 0) { \
+		rc = -EINVAL;                 \
+	}
+	RH_PARAMS(X)
+#undef X
+	for (char **e = environ; e && *e; e++) {
+		char name[128];
+		const char *eq;
+
+		if (strncmp(*e, "RAILHOP_", 8)) {
+			continue;
+		}
+		eq = strchr(*e, '=');
+		if (!eq || (size_t)(eq - *e - 8) >= sizeof(name)) {
+			continue;
+		}
+		memcpy(name, *e + 8, eq - *e - 8);
+		name[eq - *e - 8] = 0;
+		if (!rh_param_known(name)) {
+			WARN("unknown parameter RAILHOP_%s ignored", name);
+		}
+	}
+	if (rh_parse_rail_rule(rh_param.RAIL_RULE, &rr) < 0) {
+		WARN("RAILHOP_RAIL_RULE=\"%s\": expected same|any", rh_param.RAIL_RULE);
+		rc = -EINVAL;
+	}
+	if (rh_parse_dist(rh_param.DISTANCE_LIMIT, &d) < 0) {
+		WARN("RAILHOP_DISTANCE_LIMIT=\"%s\": expected PIX|PXB|PHB|NODE|SYS",
+		     rh_param.DISTANCE_LIMIT);
+		rc = -EINVAL;
+	}
+	if (rh_param.STREAMS_PER_LANE < 1 || rh_param.STREAMS_PER_LANE > 16 ||
+	    rh_param.NTHREADS < 1 || rh_param.NTHREADS > 64 || rh_param.CHUNK_SIZE < 4096 ||
+	    rh_param.CHUNK_SIZE > (64 << 20) || rh_param.COMPLETION_TIMEOUT < 10 ||
+	    rh_param.PROBE_TIMEOUT < 10 || rh_param.FAILBACK_INTERVAL < 10 ||
+	    rh_param.BACKUP_LANES < 1 || rh_param.BACKUP_LANES > 8) {
+		WARN("parameter out of range (STREAMS_PER_LANE 1..16, NTHREADS 1..64, CHUNK_SIZE "
+		     "4096..64MiB, timeouts >= 10 ms, BACKUP_LANES 1..8)");
+		rc = -EINVAL;
+	}
+	return rc;
+}

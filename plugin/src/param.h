@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * All plugin parameters, one X-macro table: X(NAME, type, default, doc).
+ * Each is read from the environment variable RAILHOP_<NAME> once, at init; the value and its
+ * source (default|env) are logged once. Unknown RAILHOP_* names are warned about.
+ */
+#ifndef RH_PARAM_H
+#define RH_PARAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define RH_PARAMS(X)                                                                          \
+	/* NICs to use: "ifname[:rail],..."; empty = auto-detect (up, non-loopback, IPv4). */ \
+	X(NICS, str, "", "NIC list ifname[:rail],...; empty = auto-detect")                   \
+	/* TCP streams per lane (primary lane); backup lanes get half, at least 1. */         \
+	X(STREAMS_PER_LANE, int, 4, "TCP streams per lane")                                   \
+	/* Bytes per chunk: the unit of striping, placement and replay. */                    \
+	X(CHUNK_SIZE, int, 524288, "chunk size in bytes")                                     \
+	/* I/O worker threads (epoll) shared by all connections of the process. */            \
+	X(NTHREADS, int, 4, "I/O worker threads")                                             \
+	/* No progress on cleared-to-send data for this long (ms) makes a lane suspect. */    \
+	X(COMPLETION_TIMEOUT, int, 1000, "completion timeout, ms")                            \
+	/* Deadline (ms) of a probe or a new lane's handshake round trip. */                  \
+	X(PROBE_TIMEOUT, int, 300, "probe / lane handshake timeout, ms")                      \
+	/* How often (ms) a failed original pair is probed for fail-back. */                  \
+	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                       \
+	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */           \
+	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                      \
+	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                \
+	X(RAIL_RULE, str, "same", "rail rule: same|any")                                      \
+	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */         \
+	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                \
+	/* Most backup lanes a connection spreads over when its pair fails. */                \
+	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                            \
+	/* Agent rendezvous directory (health table, socket). */                              \
+	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                \
+	/* Prefix for /sys reads (tests point it at fixture trees). */                        \
+	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                           \
+	/* SO_SNDBUF/SO_RCVBUF of lane sockets in bytes (0 = kernel default). */              \
+	X(SOCKBUF, int, 4194304, "lane socket buffer size")                                   \
+	/* Local carrier poll interval (ms, 0 = off). */                                      \
+	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")
+
+struct rh_params {
+#define RH_PARAM_FIELD_int(name) int64_t name
+#define RH_PARAM_FIELD_str(name) const char *name
+#define X(name, type, def, doc) RH_PARAM_FIELD_##type(name);
+	RH_PARAMS(X)
+#undef X
+};
+
+enum rh_rail_rule { RH_RAIL_SAME = 0, RH_RAIL_ANY = 1 };
+/* PCIe/NUMA distance classes, nearest first (as NCCL's PATH_*). */
+enum rh_dist { RH_DIST_PIX = 0, RH_DIST_PXB, RH_DIST_PHB, RH_DIST_NODE, RH_DIST_SYS };
+
+extern struct rh_params rh_param;
+
+/* Load every parameter from getenv (logs once). Returns 0 or -EINVAL for a bad value. */
+int rh_params_load(void);
+/* Pure parsers (unit-tested). Return 0 or -EINVAL. */
+int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+int rh_parse_rail_rule(const char *s, enum rh_rail_rule *out);
+int rh_parse_dist(const char *s, enum rh_dist *out);
+const char *rh_dist_name(enum rh_dist d);
+/* True when name (without the RAILHOP_ prefix) is a known parameter or a known non-plugin name. */
+bool rh_param_known(const char *name);
+
+#endif

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * USDT probes (provider "railhop"): free when not traced.
+ *   lane_up(conn_id, lane_id, lnic, rnic)     lane_down(conn_id, lane_id, lnic, err)
+ *   failover_start(conn_id, lane_id, err)     failover_end(conn_id, epoch, nactive)
+ *   failback(conn_id, lane_id)
+ *   req_done(lane, bytes, latency_ns): lane = id of the lane that delivered the last chunk
+ *   (receiver) or the acknowledgement (sender); a message may be striped over several lanes.
+ */
+#ifndef RH_PROBES_H
+#define RH_PROBES_H
+
+#if defined(RH_HAVE_SDT)
+#include <sys/sdt.h>
+#define RH_PROBE2(n, a, b) DTRACE_PROBE2(railhop, n, a, b)
+#define RH_PROBE3(n, a, b, c) DTRACE_PROBE3(railhop, n, a, b, c)
+#define RH_PROBE4(n, a, b, c, d) DTRACE_PROBE4(railhop, n, a, b, c, d)
+#else
+#define RH_PROBE2(n, a, b) ((void)(a), (void)(b))
+#define RH_PROBE3(n, a, b, c) ((void)(a), (void)(b), (void)(c))
+#define RH_PROBE4(n, a, b, c, d) ((void)(a), (void)(b), (void)(c), (void)(d))
+#endif
+
+#endif

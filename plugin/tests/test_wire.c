@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Frame header, handshake, CTS, RESUME and handle encodings, against captured bytes. */
+#include <errno.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/wire.h"
+
+static void test_hdr(void)
+{
+	/* Captured encoding of a DATA frame: type 1, slot 2, len 4096, conn 0x1122334455667788,
+	 * epoch 3, aux 7, seq 9, off 8192, total 16384 (little-endian). */
+	static const uint8_t golden[RH_HDR_LEN] = {
+		0x01, 0x02, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x88, 0x77, 0x66, 0x55,
+		0x44, 0x33, 0x22, 0x11, 0x03, 0x00, 0x00, 0x00, 0x07, 0x00, 0x00, 0x00,
+		0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x20, 0x00, 0x00,
+		0x00, 0x00, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+	};
+	struct rh_hdr h = { .type = RH_F_DATA,
+			    .slot = 2,
+			    .len = 4096,
+			    .conn_id = 0x1122334455667788ull,
+			    .epoch = 3,
+			    .aux = 7,
+			    .seq = 9,
+			    .off = 8192,
+			    .total = 16384 },
+		      g;
+	uint8_t b[RH_HDR_LEN];
+
+	rh_hdr_put(&h, b);
+	EXPECT(memcmp(b, golden, sizeof(b)) == 0);
+	EXPECT_EQ(rh_hdr_get(golden, &g), 0);
+	EXPECT_EQ(g.conn_id, h.conn_id);
+	EXPECT_EQ(g.off, 8192);
+	EXPECT_EQ(g.total, 16384);
+	EXPECT_EQ(g.epoch, 3);
+	/* bad type, bad slot, data past the end, oversized control payload */
+	b[0] = 0;
+	EXPECT_EQ(rh_hdr_get(b, &g), -EPROTO);
+	b[0] = RH_F_DATA;
+	b[1] = RH_MAX_RECVS;
+	EXPECT_EQ(rh_hdr_get(b, &g), -EPROTO);
+	h.off = 16384 - 100;
+	rh_hdr_put(&h, b);
+	EXPECT_EQ(rh_hdr_get(b, &g), -EPROTO);
+	h.type = RH_F_CTS;
+	h.len = RH_CTRL_MAX + 1;
+	h.off = 0;
+	rh_hdr_put(&h, b);
+	EXPECT_EQ(rh_hdr_get(b, &g), -EPROTO);
+	/* zero-byte message */
+	h = (struct rh_hdr){ .type = RH_F_DATA };
+	rh_hdr_put(&h, b);
+	EXPECT_EQ(rh_hdr_get(b, &g), 0);
+}
+
+static void test_hello(void)
+{
+	struct rh_hello h = { .kind = RH_HELLO_LANE,
+			      .from_sender = 1,
+			      .nstreams = 4,
+			      .stream = 3,
+			      .lane_id = 6,
+			      .listen_id = 0xabcdef,
+			      .chunk = 524288,
+			      .src_nic = 1,
+			      .dst_nic = 2,
+			      .nnics = 2 },
+			g;
+	uint8_t b[4096];
+	int len;
+
+	h.nics[0] = (struct rh_peer_nic){
+		.ipv4 = 0x0100007f, .port = 0x3412, .rail = 0, .numa = 1, .up = true
+	};
+	strcpy(h.nics[0].pci, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0");
+	h.nics[1] = (struct rh_peer_nic){
+		.ipv4 = 0x0201a8c0, .port = 0x7856, .rail = 1, .numa = -1, .up = false
+	};
+	len = rh_hello_put(&h, b, sizeof(b));
+	EXPECT(len > 29);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), 0);
+	EXPECT_EQ(g.kind, RH_HELLO_LANE);
+	EXPECT_EQ(g.lane_id, 6);
+	EXPECT_EQ(g.listen_id, 0xabcdef);
+	EXPECT_EQ(g.nnics, 2);
+	EXPECT_EQ(g.nics[1].numa, -1);
+	EXPECT_EQ(g.nics[1].up, 0);
+	EXPECT(strcmp(g.nics[0].pci, h.nics[0].pci) == 0);
+	EXPECT_EQ(g.nics[0].port, 0x3412);
+	/* truncated / bad magic / stream index out of range */
+	EXPECT_EQ(rh_hello_get(b, (size_t)len - 3, &g), -EPROTO);
+	b[0] ^= 1;
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), -EPROTO);
+	b[0] ^= 1;
+	b[7] = 4;
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), -EPROTO);
+	EXPECT_EQ(rh_hello_put(&h, b, 20), -ENOSPC);
+}
+
+static void test_cts_resume(void)
+{
+	struct rh_cts c = { .seq = 5,
+			    .n = 3,
+			    .tags = { 100, 101, 102 },
+			    .sizes = { 1, 1ull << 31, 0 } },
+		      g;
+	struct rh_resume r = { 0 }, rg;
+	uint8_t b[RH_CTRL_MAX];
+	int len;
+
+	len = rh_cts_put(&c, b, sizeof(b));
+	EXPECT_EQ(len, 36);
+	EXPECT_EQ(rh_cts_get(b, (size_t)len, 3, &g), 0);
+	EXPECT_EQ(g.sizes[1], 1ull << 31);
+	EXPECT_EQ(g.tags[2], 102);
+	EXPECT_EQ(rh_cts_get(b, (size_t)len, 2, &g), -EPROTO);
+
+	r.next_seq = 77;
+	r.ndead = 2;
+	r.dead[0] = 0;
+	r.dead[1] = 4;
+	r.nout = 2;
+	r.out[0] = c;
+	r.out[0].seq = 75;
+	r.done[0] = 0x5;
+	r.out[1] = (struct rh_cts){ .seq = 76, .n = 1, .tags = { 9 }, .sizes = { 4096 } };
+	len = rh_resume_put(&r, b, sizeof(b));
+	EXPECT(len > 0);
+	EXPECT_EQ(rh_resume_get(b, (size_t)len, &rg), 0);
+	EXPECT_EQ(rg.next_seq, 77);
+	EXPECT_EQ(rg.ndead, 2);
+	EXPECT_EQ(rg.dead[1], 4);
+	EXPECT_EQ(rg.nout, 2);
+	EXPECT_EQ(rg.out[0].seq, 75);
+	EXPECT_EQ(rg.out[0].n, 3);
+	EXPECT_EQ(rg.done[0], 0x5);
+	EXPECT_EQ(rg.out[1].seq, 76);
+	EXPECT_EQ(rg.out[1].sizes[0], 4096);
+	EXPECT_EQ(rh_resume_get(b, (size_t)len - 1, &rg), -EPROTO);
+}
+
+static void test_handle(void)
+{
+	struct rh_handle h = { .nnics = 2, .listen_nic = 1, .listen_id = 42 }, g;
+	uint8_t b[RH_HANDLE_LEN];
+
+	h.nics[0].ipv4 = 0x0100007f;
+	h.nics[0].port = 0x1234;
+	h.nics[0].rail = 0;
+	h.nics[0].up = 1;
+	h.nics[1].ipv4 = 0x0200007f;
+	h.nics[1].port = 0x5678;
+	h.nics[1].rail = 1;
+	rh_handle_put(&h, b);
+	EXPECT_EQ(rh_handle_get(b, &g), 0);
+	EXPECT_EQ(g.listen_id, 42);
+	EXPECT_EQ(g.listen_nic, 1);
+	EXPECT_EQ(g.nics[1].port, 0x5678);
+	/* the connector's cookie bytes are not part of the encoding */
+	for (int i = RH_HANDLE_COOKIE_OFF; i < RH_HANDLE_LEN; i++) {
+		EXPECT_EQ(b[i], 0);
+	}
+	EXPECT(16 + 8 * RH_HANDLE_NICS <= RH_HANDLE_COOKIE_OFF);
+	b[5] = 3;
+	EXPECT_EQ(rh_handle_get(b, &g), -EINVAL);
+}
+
+int main(void)
+{
+	test_hdr();
+	test_hello();
+	test_cts_resume();
+	test_handle();
+	TEST_DONE();
+}

@@ -1,0 +1,906 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * railhop-harness: drives an ncclNet plugin the way NCCL's proxy thread does (one thread
+ * progressing every connection, up to --inflight requests each, NULL request = try later,
+ * *request sometimes pre-set to 0x1 before irecv) and checks every byte.
+ * CLI and JSON output: see team/CONTRACTS.md "Harness contract".
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nccl/net.h"
+
+#define MAX_CONNS 256
+#define MAX_INFLIGHT 32
+#define MAX_SIZES 64
+#define MAX_GROUP 8
+#define END_MAGIC 0x4b524d444e454852ull /* "RHENDMRK" */
+
+enum role { ROLE_RECV, ROLE_SEND };
+
+static struct {
+	const char *plugin;
+	enum role role;
+	const char *dir;
+	int conns;
+	int devs[64];
+	int ndevs;
+	size_t sizes[MAX_SIZES];
+	int nsizes;
+	long count;
+	double duration;
+	int inflight;
+	int grouped;
+	int interval_ms;
+	double deadline;
+	bool expect_error;
+	uint64_t seed;
+	int api;
+	bool verbose;
+} opt = { .conns = 1,
+	  .count = -1,
+	  .duration = -1,
+	  .inflight = 8,
+	  .grouped = 1,
+	  .interval_ms = 100,
+	  .deadline = 120,
+	  .seed = 1,
+	  .api = 11 };
+
+/* One version-free view of the table. */
+static struct {
+	int v;
+	const void *t;
+	void *ctx;
+} net;
+
+static double t0;
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+		   const char *fmt, ...)
+{
+	va_list ap;
+
+	(void)flags;
+	if (level > NCCL_LOG_WARN && !opt.verbose) {
+		return;
+	}
+	fprintf(stderr, "[%8.3f] %s:%d ", now_s() - t0, file, line);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+#define T(v) ((const ncclNet_v##v##_t *)net.t)
+#define CALL(fn, ...)                           \
+	(net.v == 8  ? T(8)->fn(__VA_ARGS__) :  \
+	 net.v == 9  ? T(9)->fn(__VA_ARGS__) :  \
+	 net.v == 10 ? T(10)->fn(__VA_ARGS__) : \
+	 net.v == 11 ? T(11)->fn(__VA_ARGS__) : \
+		       T(12)->fn(__VA_ARGS__))
+
+static ncclResult_t n_init(void)
+{
+	ncclNetCommConfig_v11_t cfg = { .trafficClass = -1 };
+
+	switch (net.v) {
+	case 8:
+		return T(8)->init(logger);
+	case 9:
+		return T(9)->init(logger);
+	case 10:
+		return T(10)->init(logger, NULL);
+	case 11:
+		return T(11)->init(&net.ctx, opt.seed, &cfg, logger, NULL);
+	default:
+		return T(12)->init(&net.ctx, opt.seed, &cfg, logger, NULL);
+	}
+}
+
+static ncclResult_t n_listen(int dev, void *h, void **lc)
+{
+	if (net.v >= 11) {
+		return net.v == 11 ? T(11)->listen(net.ctx, dev, h, lc) :
+				     T(12)->listen(net.ctx, dev, h, lc);
+	}
+	return net.v == 8 ? T(8)->listen(dev, h, lc) :
+	       net.v == 9 ? T(9)->listen(dev, h, lc) :
+			    T(10)->listen(dev, h, lc);
+}
+
+static ncclResult_t n_connect(int dev, void *h, void **sc)
+{
+	ncclNetCommConfig_v10_t cfg = { .trafficClass = -1 };
+	ncclNetDeviceHandle_v8_t *dh = NULL;
+
+	switch (net.v) {
+	case 8:
+		return T(8)->connect(dev, h, sc, &dh);
+	case 9:
+		return T(9)->connect(dev, h, sc, &dh);
+	case 10:
+		return T(10)->connect(dev, &cfg, h, sc, &dh);
+	case 11:
+		return T(11)->connect(net.ctx, dev, h, sc, &dh);
+	default:
+		return T(12)->connect(net.ctx, dev, h, sc, &dh);
+	}
+}
+
+static ncclResult_t n_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req)
+{
+	switch (net.v) {
+	case 8:
+		return T(8)->isend(sc, data, (int)size, tag, mh, req);
+	case 9:
+		return T(9)->isend(sc, data, size, tag, mh, req);
+	case 10:
+		return T(10)->isend(sc, data, size, tag, mh, NULL, req);
+	case 11:
+		return T(11)->isend(sc, data, size, tag, mh, NULL, req);
+	default:
+		return T(12)->isend(sc, data, size, tag, mh, NULL, req);
+	}
+}
+
+static ncclResult_t n_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
+			    void **req)
+{
+	int isz[MAX_GROUP];
+	void *ph[MAX_GROUP] = { 0 };
+
+	switch (net.v) {
+	case 8:
+		for (int i = 0; i < n; i++) {
+			isz[i] = (int)sizes[i];
+		}
+		return T(8)->irecv(rc, n, data, isz, tags, mh, req);
+	case 9:
+		return T(9)->irecv(rc, n, data, sizes, tags, mh, req);
+	case 10:
+		return T(10)->irecv(rc, n, data, sizes, tags, mh, ph, req);
+	case 11:
+		return T(11)->irecv(rc, n, data, sizes, tags, mh, ph, req);
+	default:
+		return T(12)->irecv(rc, n, data, sizes, tags, mh, ph, req);
+	}
+}
+
+/* Deterministic contents of message k of connection c. */
+static uint64_t msg_base(int c, long k)
+{
+	uint64_t x = opt.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)c << 40) ^ (uint64_t)k;
+
+	x ^= x >> 31;
+	x *= 0xBF58476D1CE4E5B9ull;
+	x ^= x >> 29;
+	return x | 1;
+}
+
+static void fill(char *buf, size_t size, int c, long k)
+{
+	uint64_t b = msg_base(c, k), *w = (uint64_t *)buf;
+	size_t nw = size / 8;
+
+	for (size_t i = 0; i < nw; i++) {
+		w[i] = b ^ (i * 0x9E3779B97F4A7C15ull);
+	}
+	for (size_t i = nw * 8; i < size; i++) {
+		buf[i] = (char)(b >> (8 * (i % 8)));
+	}
+}
+
+static bool check(const char *buf, size_t size, int c, long k)
+{
+	uint64_t b = msg_base(c, k);
+	const uint64_t *w = (const uint64_t *)buf;
+	size_t nw = size / 8;
+
+	for (size_t i = 0; i < nw; i++) {
+		if (w[i] != (b ^ (i * 0x9E3779B97F4A7C15ull))) {
+			return false;
+		}
+	}
+	for (size_t i = nw * 8; i < size; i++) {
+		if (buf[i] != (char)(b >> (8 * (i % 8)))) {
+			return false;
+		}
+	}
+	return true;
+}
+
+static bool is_end(const char *buf, size_t size)
+{
+	uint64_t v;
+
+	if (size != 8) {
+		return false;
+	}
+	memcpy(&v, buf, 8);
+	return v == END_MAGIC;
+}
+
+struct slot {
+	void *req;
+	long k; /* first message of the request (group) */
+	int n;
+	bool end;
+	char *buf[MAX_GROUP];
+};
+
+struct conn {
+	void *comm;
+	void *lc;
+	int dev;
+	void *mh;
+	char *mem;
+	size_t bufsz;
+	struct slot s[MAX_INFLIGHT];
+	int inflight;
+	long next_k; /* next message to post */
+	long done_msgs;
+	unsigned long long bytes;
+	bool finished; /* all messages moved (or end marker seen / sent) */
+	long end_k; /* receiver, --duration: first message that was an end marker (-1) */
+	bool end_posted;
+	int nposts;
+	uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+	bool connected;
+};
+
+static struct conn conns[MAX_CONNS];
+static long data_errors, request_errors, total_msgs;
+static int first_code = -1;
+static double first_t;
+static const char *first_where;
+static double data_t0;
+static int eff_inflight;
+
+static void req_error(ncclResult_t r, const char *where)
+{
+	request_errors++;
+	if (first_code < 0) {
+		first_code = r;
+		first_t = now_s() - t0;
+		first_where = where;
+		fprintf(stderr, "harness: %s failed with ncclResult %d at %.3f s\n", where, r,
+			first_t);
+	}
+}
+
+static size_t size_of(long k)
+{
+	return opt.sizes[k % opt.nsizes];
+}
+
+static unsigned long long total_bytes(void)
+{
+	unsigned long long b = 0;
+
+	for (int i = 0; i < opt.conns; i++) {
+		b += conns[i].bytes;
+	}
+	return b;
+}
+
+static void progress_line(void)
+{
+	printf("{\"type\":\"progress\",\"t\":%.3f,\"bytes\":%llu,\"per_conn\":[", now_s() - t0,
+	       total_bytes());
+	for (int i = 0; i < opt.conns; i++) {
+		printf("%s%llu", i ? "," : "", conns[i].bytes);
+	}
+	printf("],\"msgs\":%ld}\n", total_msgs);
+	fflush(stdout);
+}
+
+static int parse_list(const char *s, long long *out, int max)
+{
+	int n = 0;
+	char *end;
+
+	while (*s && n < max) {
+		out[n++] = strtoll(s, &end, 0);
+		if (end == s) {
+			return -1;
+		}
+		s = *end == ',' ? end + 1 : end;
+		if (*end && *end != ',') {
+			return -1;
+		}
+	}
+	return n;
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: railhop-harness --plugin PATH --role recv|send --rendezvous DIR [--conns N]\n"
+		"  [--devs 0,1,..] [--sizes S[,S..]] [--count M | --duration SEC] [--inflight K]\n"
+		"  [--grouped G] [--interval-ms MS] [--deadline SEC] [--expect-error] [--seed S]\n"
+		"  [--api 8..12] [--verbose]\n");
+	exit(2);
+}
+
+static void parse_args(int argc, char **argv)
+{
+	static const struct option lo[] = { { "plugin", 1, 0, 'p' },
+					    { "role", 1, 0, 'r' },
+					    { "rendezvous", 1, 0, 'd' },
+					    { "conns", 1, 0, 'c' },
+					    { "devs", 1, 0, 'D' },
+					    { "sizes", 1, 0, 's' },
+					    { "count", 1, 0, 'n' },
+					    { "duration", 1, 0, 't' },
+					    { "inflight", 1, 0, 'k' },
+					    { "grouped", 1, 0, 'g' },
+					    { "interval-ms", 1, 0, 'i' },
+					    { "deadline", 1, 0, 'T' },
+					    { "expect-error", 0, 0, 'e' },
+					    { "seed", 1, 0, 'S' },
+					    { "api", 1, 0, 'a' },
+					    { "verbose", 0, 0, 'v' },
+					    { 0, 0, 0, 0 } };
+	long long tmp[MAX_SIZES];
+	int c, n;
+
+	opt.sizes[0] = 1 << 20;
+	opt.nsizes = 1;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'p':
+			opt.plugin = optarg;
+			break;
+		case 'r':
+			if (!strcmp(optarg, "recv")) {
+				opt.role = ROLE_RECV;
+			} else if (!strcmp(optarg, "send")) {
+				opt.role = ROLE_SEND;
+			} else {
+				usage();
+			}
+			break;
+		case 'd':
+			opt.dir = optarg;
+			break;
+		case 'c':
+			opt.conns = atoi(optarg);
+			break;
+		case 'D':
+			n = parse_list(optarg, tmp, 64);
+			if (n <= 0) {
+				usage();
+			}
+			for (int i = 0; i < n; i++) {
+				opt.devs[i] = (int)tmp[i];
+			}
+			opt.ndevs = n;
+			break;
+		case 's':
+			n = parse_list(optarg, tmp, MAX_SIZES);
+			if (n <= 0) {
+				usage();
+			}
+			for (int i = 0; i < n; i++) {
+				if (tmp[i] < 0) {
+					usage();
+				}
+				opt.sizes[i] = (size_t)tmp[i];
+			}
+			opt.nsizes = n;
+			break;
+		case 'n':
+			opt.count = atol(optarg);
+			break;
+		case 't':
+			opt.duration = atof(optarg);
+			break;
+		case 'k':
+			opt.inflight = atoi(optarg);
+			break;
+		case 'g':
+			opt.grouped = atoi(optarg);
+			break;
+		case 'i':
+			opt.interval_ms = atoi(optarg);
+			break;
+		case 'T':
+			opt.deadline = atof(optarg);
+			break;
+		case 'e':
+			opt.expect_error = true;
+			break;
+		case 'S':
+			opt.seed = strtoull(optarg, NULL, 0);
+			break;
+		case 'a':
+			opt.api = atoi(optarg);
+			break;
+		case 'v':
+			opt.verbose = true;
+			break;
+		default:
+			usage();
+		}
+	}
+	if (!opt.plugin || !opt.dir || opt.conns < 1 || opt.conns > MAX_CONNS || opt.inflight < 1 ||
+	    opt.inflight > MAX_INFLIGHT || opt.grouped < 1 || opt.grouped > MAX_GROUP ||
+	    opt.api < 8 || opt.api > 12 || (opt.count < 0 && opt.duration < 0) ||
+	    (opt.count >= 0 && opt.duration >= 0) || opt.interval_ms < 1) {
+		usage();
+	}
+	if (opt.count >= 0 && opt.count % opt.grouped) {
+		fprintf(stderr, "--count must be a multiple of --grouped\n");
+		exit(2);
+	}
+}
+
+static int summary(int rc_if_ok)
+{
+	double el = now_s() - (data_t0 ? data_t0 : t0);
+	unsigned long long b = total_bytes();
+	int rc;
+
+	printf("{\"type\":\"summary\",\"role\":\"%s\",\"msgs\":%ld,\"bytes\":%llu,"
+	       "\"elapsed_s\":%.3f,\"data_errors\":%ld,\"request_errors\":%ld,\"first_error\":",
+	       opt.role == ROLE_SEND ? "send" : "recv", total_msgs, b, el, data_errors,
+	       request_errors);
+	if (first_code >= 0) {
+		printf("{\"code\":%d,\"t\":%.3f,\"where\":\"%s\"}", first_code, first_t,
+		       first_where);
+	} else {
+		printf("null");
+	}
+	printf(",\"gbps\":%.3f,\"inflight\":%d}\n", el > 0 ? b * 8.0 / el / 1e9 : 0.0,
+	       eff_inflight);
+	fflush(stdout);
+	if (rc_if_ok == 3) {
+		return 3;
+	}
+	if (opt.expect_error) {
+		rc = (request_errors > 0 && data_errors == 0 &&
+		      (first_code == ncclRemoteError || first_code == ncclSystemError)) ?
+			     0 :
+			     1;
+	} else {
+		rc = (data_errors == 0 && request_errors == 0) ? 0 : 1;
+	}
+	return rc;
+}
+
+static void close_all(void)
+{
+	for (int i = 0; i < opt.conns; i++) {
+		struct conn *c = &conns[i];
+
+		if (c->comm && c->mh) {
+			CALL(deregMr, c->comm, c->mh);
+		}
+		if (c->comm) {
+			if (opt.role == ROLE_SEND) {
+				CALL(closeSend, c->comm);
+			} else {
+				CALL(closeRecv, c->comm);
+			}
+		}
+		if (c->lc) {
+			CALL(closeListen, c->lc);
+		}
+	}
+}
+
+static int setup(double deadline)
+{
+	char path[4096], tmp[4200];
+
+	for (int i = 0; i < opt.conns; i++) {
+		conns[i].dev = opt.devs[i % opt.ndevs];
+		conns[i].end_k = -1;
+	}
+	if (opt.role == ROLE_RECV) {
+		for (int i = 0; i < opt.conns; i++) {
+			ncclResult_t r = n_listen(conns[i].dev, conns[i].handle, &conns[i].lc);
+			FILE *f;
+
+			if (r != ncclSuccess) {
+				req_error(r, "accept");
+				return -1;
+			}
+			snprintf(path, sizeof(path), "%s/handle.%d", opt.dir, i);
+			snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+			f = fopen(tmp, "wb");
+			if (!f || fwrite(conns[i].handle, 1, NCCL_NET_HANDLE_MAXSIZE, f) !=
+					  NCCL_NET_HANDLE_MAXSIZE) {
+				perror("write handle");
+				return -1;
+			}
+			fclose(f);
+			if (rename(tmp, path) < 0) {
+				perror("rename handle");
+				return -1;
+			}
+		}
+	}
+	for (;;) {
+		int ready = 0;
+
+		for (int i = 0; i < opt.conns; i++) {
+			struct conn *c = &conns[i];
+			ncclResult_t r;
+			ncclNetDeviceHandle_v8_t *dh = NULL;
+
+			if (c->comm) {
+				ready++;
+				continue;
+			}
+			if (opt.role == ROLE_RECV) {
+				r = CALL(accept, c->lc, &c->comm, &dh);
+				if (r != ncclSuccess) {
+					req_error(r, "accept");
+					return -1;
+				}
+			} else {
+				if (!c->connected) {
+					FILE *f;
+
+					snprintf(path, sizeof(path), "%s/handle.%d", opt.dir, i);
+					f = fopen(path, "rb");
+					if (!f) {
+						continue;
+					}
+					if (fread(c->handle, 1, NCCL_NET_HANDLE_MAXSIZE, f) !=
+					    NCCL_NET_HANDLE_MAXSIZE) {
+						fclose(f);
+						continue;
+					}
+					fclose(f);
+					c->connected = true;
+				}
+				r = n_connect(c->dev, c->handle, &c->comm);
+				if (r != ncclSuccess) {
+					req_error(r, "connect");
+					return -1;
+				}
+			}
+		}
+		if (ready == opt.conns) {
+			return 0;
+		}
+		if (now_s() > deadline) {
+			fprintf(stderr, "harness: deadline during connection setup (%d/%d)\n",
+				ready, opt.conns);
+			return -2;
+		}
+		usleep(1000);
+	}
+}
+
+static int alloc_buffers(void)
+{
+	size_t maxsz = 8;
+	double total;
+
+	for (int i = 0; i < opt.nsizes; i++) {
+		if (opt.sizes[i] > maxsz) {
+			maxsz = opt.sizes[i];
+		}
+	}
+	maxsz = (maxsz + 4095) & ~(size_t)4095;
+	/* Bound memory: at most 4 GiB of buffers in all. */
+	eff_inflight = opt.inflight;
+	total = (double)maxsz * opt.grouped * opt.conns;
+	while (eff_inflight > 1 && total * eff_inflight > 4.0 * (1 << 30)) {
+		eff_inflight--;
+	}
+	if (eff_inflight != opt.inflight) {
+		fprintf(stderr, "harness: --inflight reduced to %d to bound memory\n",
+			eff_inflight);
+	}
+	for (int i = 0; i < opt.conns; i++) {
+		struct conn *c = &conns[i];
+		size_t len = maxsz * opt.grouped * eff_inflight;
+
+		c->bufsz = maxsz;
+		c->mem =
+			mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (c->mem == MAP_FAILED) {
+			perror("mmap");
+			return -1;
+		}
+		if (CALL(regMr, c->comm, c->mem, len, NCCL_PTR_HOST, &c->mh) != ncclSuccess) {
+			req_error(ncclInternalError, "isend");
+			return -1;
+		}
+		for (int s = 0; s < eff_inflight; s++) {
+			for (int g = 0; g < opt.grouped; g++) {
+				c->s[s].buf[g] = c->mem + (size_t)(s * opt.grouped + g) * maxsz;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Post at most one request on connection i. Returns 1 if posted, 0 if not, -1 on error. */
+static int post(int i, bool stop_sending)
+{
+	struct conn *c = &conns[i];
+	struct slot *sl = NULL;
+	int G = opt.grouped;
+
+	if (c->finished || c->end_posted || c->end_k >= 0 || c->inflight >= eff_inflight) {
+		return 0;
+	}
+	if (opt.count >= 0 && c->next_k >= opt.count) {
+		return 0;
+	}
+	for (int s = 0; s < eff_inflight; s++) {
+		if (!c->s[s].req) {
+			sl = &c->s[s];
+			break;
+		}
+	}
+	if (!sl) {
+		return 0;
+	}
+	if (opt.role == ROLE_RECV) {
+		size_t sizes[MAX_GROUP];
+		int tags[MAX_GROUP];
+		void *mh[MAX_GROUP];
+		void *req = (c->nposts++ % 2 == 0 && G == 1) ? (void *)0x1 : (void *)0x2;
+		ncclResult_t r;
+
+		for (int g = 0; g < G; g++) {
+			sizes[g] = c->bufsz;
+			tags[g] = 100 + g;
+			mh[g] = c->mh;
+		}
+		r = n_irecv(c->comm, G, (void **)sl->buf, sizes, tags, mh, &req);
+		if (r != ncclSuccess) {
+			req_error(r, "irecv");
+			return -1;
+		}
+		if (req == (void *)0x1 || req == (void *)0x2) {
+			if (req == (void *)0x1) {
+				fprintf(stderr, "harness: plugin left *request == 0x1\n");
+				req_error(ncclInternalError, "irecv");
+				return -1;
+			}
+			/* 0x2 left means the plugin did not write *request */
+			fprintf(stderr, "harness: plugin did not write *request\n");
+			req_error(ncclInternalError, "irecv");
+			return -1;
+		}
+		if (!req) {
+			return 0;
+		}
+		sl->req = req;
+		sl->k = c->next_k;
+		sl->n = G;
+		c->next_k += G;
+		c->inflight++;
+		return 1;
+	}
+	/* sender: one request per message; a group is G isends with tags 100+g, posted in
+	 * reverse slot order so the plugin's tag matching is exercised. */
+	{
+		long k = c->next_k;
+		int g = (int)(k % G);
+		int tag_slot = G - 1 - g;
+		long msg = (k / G) * G + tag_slot;
+		size_t sz = size_of(msg);
+		void *req = NULL;
+		ncclResult_t r;
+		bool end = stop_sending;
+
+		if (end) {
+			sz = 8;
+			memcpy(sl->buf[0], &(uint64_t){ END_MAGIC }, 8);
+		} else {
+			fill(sl->buf[0], sz, i, msg);
+		}
+		r = n_isend(c->comm, sl->buf[0], sz, 100 + tag_slot, c->mh, &req);
+		if (r != ncclSuccess) {
+			req_error(r, "isend");
+			return -1;
+		}
+		if (!req) {
+			return 0;
+		}
+		sl->req = req;
+		sl->k = msg;
+		sl->n = 1;
+		sl->end = end;
+		c->next_k++;
+		c->inflight++;
+		if (end && (c->next_k % G) == 0) {
+			c->end_posted = true;
+		}
+		return 1;
+	}
+}
+
+static int test_all(int i)
+{
+	struct conn *c = &conns[i];
+
+	for (int s = 0; s < eff_inflight; s++) {
+		struct slot *sl = &c->s[s];
+		int done = 0, sizes[MAX_GROUP];
+		ncclResult_t r;
+
+		if (!sl->req) {
+			continue;
+		}
+		r = CALL(test, sl->req, &done, sizes);
+		if (r != ncclSuccess) {
+			req_error(r, "test");
+			return -1;
+		}
+		if (!done) {
+			continue;
+		}
+		sl->req = NULL;
+		c->inflight--;
+		if (opt.role == ROLE_SEND) {
+			if (!sl->end) {
+				c->done_msgs++;
+				total_msgs++;
+				c->bytes += size_of(sl->k);
+			}
+			continue;
+		}
+		for (int g = 0; g < sl->n; g++) {
+			long k = sl->k + g;
+			size_t want = size_of(k);
+
+			if (opt.duration >= 0 && is_end(sl->buf[g], (size_t)sizes[g])) {
+				if (c->end_k < 0 || k < c->end_k) {
+					c->end_k = k;
+				}
+				continue;
+			}
+			if ((size_t)sizes[g] != want || !check(sl->buf[g], want, i, k)) {
+				if (data_errors++ < 5) {
+					fprintf(stderr,
+						"harness: data error conn %d msg %ld size %d "
+						"(want %zu)\n",
+						i, k, sizes[g], want);
+				}
+			}
+			c->done_msgs++;
+			total_msgs++;
+			c->bytes += (size_t)sizes[g];
+		}
+	}
+	if (opt.count >= 0 && c->done_msgs >= opt.count && c->inflight == 0) {
+		c->finished = true;
+	}
+	/* Every message before the end marker arrived (receives complete out of order). */
+	if (opt.role == ROLE_RECV && c->end_k >= 0 && c->done_msgs >= c->end_k) {
+		c->finished = true;
+	}
+	if (opt.role == ROLE_SEND && c->end_posted && c->inflight == 0) {
+		c->finished = true;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	void *lib;
+	char sym[32];
+	double deadline, next_report, stop_at = 0;
+	int ndev = 0, rc;
+
+	t0 = now_s();
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	parse_args(argc, argv);
+	opt.verbose |= getenv("RAILHOP_HARNESS_VERBOSE") != NULL;
+	deadline = t0 + opt.deadline;
+	lib = dlopen(opt.plugin, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		fprintf(stderr, "harness: dlopen: %s\n", dlerror());
+		return 2;
+	}
+	snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", opt.api);
+	net.t = dlsym(lib, sym);
+	net.v = opt.api;
+	if (!net.t) {
+		fprintf(stderr, "harness: %s not found\n", sym);
+		return 2;
+	}
+	if (n_init() != ncclSuccess || CALL(devices, &ndev) != ncclSuccess || ndev <= 0) {
+		fprintf(stderr, "harness: plugin init failed\n");
+		return 2;
+	}
+	if (opt.ndevs == 0) {
+		for (int i = 0; i < ndev && i < 64; i++) {
+			opt.devs[i] = i;
+		}
+		opt.ndevs = ndev < 64 ? ndev : 64;
+	}
+	for (int i = 0; i < opt.ndevs; i++) {
+		if (opt.devs[i] < 0 || opt.devs[i] >= ndev) {
+			fprintf(stderr, "harness: device %d out of range (%d)\n", opt.devs[i],
+				ndev);
+			return 2;
+		}
+	}
+	fprintf(stderr, "harness: %s %s api v%d, %d devices, %d conns\n", opt.plugin,
+		opt.role == ROLE_SEND ? "send" : "recv", opt.api, ndev, opt.conns);
+	rc = setup(deadline);
+	if (rc < 0) {
+		close_all();
+		return summary(rc == -2 ? 3 : 1);
+	}
+	if (alloc_buffers() < 0) {
+		close_all();
+		return summary(1);
+	}
+	data_t0 = now_s();
+	if (opt.duration >= 0) {
+		stop_at = data_t0 + opt.duration;
+	}
+	next_report = now_s() + opt.interval_ms / 1000.0;
+	for (;;) {
+		int finished = 0;
+		double now = now_s();
+		bool stop = opt.duration >= 0 && now >= stop_at;
+
+		for (int i = 0; i < opt.conns; i++) {
+			int guard = 0;
+
+			if (test_all(i) < 0) {
+				goto out;
+			}
+			while (guard++ < eff_inflight) {
+				int p = post(i, opt.role == ROLE_SEND && stop);
+
+				if (p < 0) {
+					goto out;
+				}
+				if (p == 0) {
+					break;
+				}
+			}
+			finished += conns[i].finished;
+		}
+		if (finished == opt.conns) {
+			break;
+		}
+		if (now >= next_report) {
+			progress_line();
+			next_report = now + opt.interval_ms / 1000.0;
+		}
+		if (now > deadline) {
+			fprintf(stderr, "harness: deadline reached\n");
+			progress_line();
+			close_all();
+			return summary(3);
+		}
+	}
+out:
+	progress_line();
+	rc = summary(0);
+	close_all();
+	return rc;
+}
