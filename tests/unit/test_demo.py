@@ -1,24 +1,45 @@
-"""railhop.demo: fault analysis of a recorded timeline and the PNG encoder (pure)."""
+"""railhop.demo: fault analysis of a recorded timeline, detections read back from agent
+traces, the summary table, the live line and the PNG encoder (pure)."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import struct
 import zlib
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from railhop import tracing
 from railhop.demo import (
+    PNG_SIZE,
+    Detection,
     Step,
     Timeline,
+    demo_ok,
     demo_steps,
+    detections,
     fault_report,
+    fault_rows,
+    live_printer,
+    match_detection,
+    merge_otlp,
     render_timeline_png,
+    root_problem,
+    run_demo,
     summary_table,
+    timeline_png,
+    totals_of,
 )
 from railhop.fabric import NicCounters
 from railhop.harness import HarnessResult, Progress, SideResult, Summary
+from railhop.tracing import SpanDesc
 
 RATE = 100.0  # bytes/s per connection (and per NIC)
+T0_WALL = 1_700_000_000 * 10**9  # wall clock of scenario second 0
 
 
 def synthetic() -> Timeline:
@@ -55,6 +76,7 @@ def synthetic() -> Timeline:
         events=[(2.0, Step(2.0, "blackhole", 0, 1, "bh nic1")), (5.0, Step(5.0, "heal", 0, 1))],
         result=HarnessResult(send=send, recv=side, wall_s=8.0),
         end=8.0,
+        t0_wall_ns=T0_WALL,
     )
 
 
@@ -70,8 +92,6 @@ def test_fault_report_on_a_synthetic_timeline() -> None:
     assert rep.expected_during == 0.75
     assert rep.failback_s is not None and 0.5 <= rep.failback_s <= 0.9
     assert rep.after == pytest.approx(1.0, abs=0.05)
-    text = summary_table([rep], tl)
-    assert "bh nic1" in text and "errors: 0" in text
 
 
 def test_nic_bins() -> None:
@@ -84,10 +104,12 @@ def test_nic_bins() -> None:
 
 
 def test_demo_steps_shape() -> None:
-    steps, duration = demo_steps()
-    assert [s.action for s in steps] == ["blackhole", "carrier", "heal", "heal"]
-    assert {s.nic for s in steps} == {1, 2}
-    assert duration > steps[-1].at
+    for quick in (False, True):
+        steps, duration = demo_steps(quick)
+        assert [s.action for s in steps] == ["blackhole", "carrier", "heal", "heal"]
+        assert {s.nic for s in steps} == {1, 2}
+        assert duration > steps[-1].at + 3  # room for fail-back after the heal
+    assert demo_steps(True)[1] <= 20 < demo_steps(False)[1] <= 60
 
 
 def test_png_is_valid() -> None:
@@ -104,3 +126,197 @@ def test_png_is_valid() -> None:
     assert len(raw) == h * (1 + 3 * w)
     assert png.endswith(b"IEND\xaeB`\x82")
     assert raw.count(b"\xff") < len(raw)  # something was drawn
+
+
+# ---------------------------------------------------------------------------------------------
+# detections from the agents' traces
+
+
+def ms(t: float) -> int:
+    """Scenario seconds -> wall ns."""
+    return T0_WALL + int(t * 1e9)
+
+
+def trace(
+    nic: str, first: float, declared: float, source: str, signal: str, *, done: bool = True
+) -> list[SpanDesc]:
+    """A failover trace as the agent makes it: root, detection, (fail-back)."""
+    tid = hash((nic, first)) & (2**128 - 1) or 1
+    root = SpanDesc(
+        name=tracing.FAILOVER,
+        trace_id=tid,
+        span_id=1 + (tid & 0xFFFF),
+        parent_id=None,
+        start_ns=ms(first),
+        end_ns=ms(first + 3.0),
+        attributes={
+            "network.interface.name": nic,
+            "railhop.failover.outcome": "failed_back",
+            "railhop.failover.source": source,
+        },
+    )
+    det = SpanDesc(
+        name=tracing.DETECTION,
+        trace_id=tid,
+        span_id=2 + (tid & 0xFFFF),
+        parent_id=root.span_id,
+        start_ns=ms(first),
+        end_ns=ms(declared),
+        attributes={
+            "network.interface.name": nic,
+            "railhop.detection.source": source,
+            "railhop.detection.signal": signal,
+        },
+    )
+    return [root, det] if done else [det]
+
+
+def otlp_spans(tmp_path: Path, spans: list[SpanDesc], name: str = "t.json") -> list[dict[str, Any]]:
+    p = tmp_path / name
+    tracing.write_otlp_json(spans, p, {"k8s.node.name": "n"})
+    return tracing.read_otlp_json(p)
+
+
+def test_detections_read_back_from_otlp(tmp_path: Path) -> None:
+    spans = otlp_spans(
+        tmp_path,
+        trace("nic2", 6.001, 6.002, "netlink", "carrier_down")
+        + trace("nic1", 3.9, 4.0, "plugin", "lane_timeout", done=False),
+    )
+    dets = detections(spans, node=0)
+    assert [(d.nic, d.source, d.signal) for d in dets] == [
+        ("nic1", "plugin", "lane_timeout"),
+        ("nic2", "netlink", "carrier_down"),
+    ]
+    assert dets[0].outcome is None and dets[0].end_ns is None  # root not exported yet
+    assert dets[1].outcome == "failed_back" and dets[1].end_ns == ms(9.001)
+    assert dets[1].declared_ns == ms(6.002) and dets[1].label == "node0 netlink carrier_down"
+
+
+def det(node: int, nic: str, declared: float, source: str = "plugin") -> Detection:
+    return Detection(node, nic, "t", ms(declared - 0.1), ms(declared), source, "lane_timeout")
+
+
+def test_match_detection_takes_the_first_after_the_fault_on_either_node() -> None:
+    dets = [det(0, "nic1", 1.0), det(1, "nic1", 3.2), det(0, "nic1", 3.5), det(0, "nic2", 3.1)]
+    assert match_detection(dets, "nic1", ms(3.0)) == dets[1]
+    assert match_detection(dets, "nic1", ms(3.0), node=0) == dets[2]
+    assert match_detection(dets, "nic3", ms(3.0)) is None
+    assert match_detection(dets, "nic1", ms(3.0), until_ns=ms(3.0)) is None
+    # a detection a few ms "before" the fault (netlink fires while the fault is applied)
+    assert match_detection(dets, "nic2", ms(3.105)) == dets[3]
+
+
+def test_fault_rows_and_table() -> None:
+    tl = synthetic()
+    dets = [det(1, "nic1", 3.05), det(0, "nic1", 3.4, "netlink")]
+    rows = fault_rows(tl, dets)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r.detection == dets[0]
+    assert r.detect_s == pytest.approx(1.05, abs=1e-6)
+    # bytes the receiver checked between the fault (t=2) and the heal (t=5)
+    want = tl.progress[50].bytes - tl.progress[20].bytes
+    assert r.bytes_checked == pytest.approx(want, rel=0.05)
+    assert r.errors == 0 and r.survived
+    totals = totals_of(tl)
+    assert totals.bytes_checked == tl.result.recv.summary.bytes  # type: ignore[union-attr]
+    assert totals.healthy_mbit == pytest.approx(4 * RATE * 8 / 1e6, rel=0.05)
+    assert demo_ok(True, rows, totals)
+    text = summary_table(rows, totals)
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["fault", "detected", "by"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert "bh nic1" in lines[2] and "node1 plugin lane_timeout" in lines[2]
+    assert "1.05s" in lines[2] and "(75%)" in lines[2]
+    # columns line up: each header cell starts where the row's cell starts
+    col = lines[0].index("detect ")
+    assert lines[2][col - 2 : col] == "  " and lines[2][col] != " "
+    assert "data errors 0, request errors 0" in lines[-1] and "FAILED" not in text
+
+
+def test_table_without_detection_and_failure_verdicts() -> None:
+    tl = synthetic()
+    rows = fault_rows(tl, [])
+    assert rows[0].detection is None and rows[0].detect_s is None
+    totals = totals_of(tl)
+    assert "not detected" in summary_table(rows, totals)
+    assert demo_ok(True, rows, totals)  # a fault the agent missed but the plugin survived
+    assert not demo_ok(False, rows, totals)
+    assert not demo_ok(True, [], totals)
+    bad = totals.__class__(**{**totals.__dict__, "data_errors": 1})
+    assert not demo_ok(True, rows, bad)
+    assert "FAILED" in summary_table(rows, bad)
+    rows[0].errors = 2
+    assert not rows[0].survived and not demo_ok(True, rows, totals)
+    rows[0].errors = 0
+    rows[0].report.during = None  # no traffic while the fault held
+    assert not demo_ok(True, rows, totals)
+
+
+def test_merge_otlp(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, node, spans in (
+        (a, "n0", trace("nic1", 1, 2, "plugin", "lane_timeout")),
+        (b, "n1", trace("nic2", 1, 2, "netlink", "carrier_down")),
+    ):
+        sink = tracing.OtlpJsonFileSink(path, {"k8s.node.name": node})
+        sink.emit(spans[:1])
+        sink.emit(spans[1:])
+    out = tmp_path / "traces.otlp.json"
+    assert merge_otlp([a, b, tmp_path / "missing"], out) == 4
+    doc = json.loads(out.read_text())
+    assert len(doc["resourceSpans"]) == 4
+    assert {s["name"] for s in tracing.read_otlp_json(out)} == {
+        tracing.FAILOVER,
+        tracing.DETECTION,
+    }
+
+
+class FakeTty(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_live_line_is_throttled_and_in_place_on_a_tty(tmp_path: Path) -> None:
+    rates = [25e6, 0.0, 25e6, 25e6]
+    plain = FakeTty(False)
+    tick = live_printer(plain, 4, [tmp_path / "none"])
+    for k in range(31):  # 3 s at 10 ticks/s
+        tick(k / 10, None, rates, "blackhole nic1")
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 4  # one a second
+    assert "tx  600 Mbit/s" in lines[0] and "nic1    0" in lines[0] and "all up" in lines[0]
+    tty = FakeTty(True)
+    tick = live_printer(tty, 4, [])
+    for k in range(11):
+        tick(k / 10, None, rates, "healthy")
+    text = tty.getvalue()
+    assert (
+        "\n" not in text and text.count("\r") == 4
+    )  # 0, 0.3, 0.6, 0.9 s: 4 a second and text.endswith("\x1b[K")
+
+
+def test_without_root_it_says_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    why = root_problem()
+    assert why is not None
+    for word in ("root", "CAP_NET_ADMIN", "CAP_SYS_ADMIN", "network namespaces", "sudo"):
+        assert word in why
+    assert run_demo(tmp_path / "out", quick=True) == 2
+    assert "needs root" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_timeline_png_of_the_synthetic_run() -> None:
+    tl = synthetic()
+    rows = fault_rows(tl, [det(0, "nic1", 3.0)])
+    png = timeline_png(tl, rows, 200)
+    w, h = struct.unpack(">II", png[16:24])
+    assert (w, h) == PNG_SIZE

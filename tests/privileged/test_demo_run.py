@@ -1,0 +1,215 @@
+"""``railhop demo --quick`` end to end (root): the fabric, one agent per node, plugin traffic,
+a silent blackhole and a carrier loss, the outputs (results.json, timeline.png, traces), and
+clean-up on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import require
+from railhop import paths, tracing
+from railhop.demo import PNG_SIZE, span_attrs
+from railhop.harness import use_source_tree_build
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_env() -> dict[str, str]:
+    use_source_tree_build()
+    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
+        try:
+            fn()
+        except paths.NotInstalledError as e:
+            require(False, f"{what} not built ({e}); run `make ctest`")
+    pp = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(REPO / "agent") + (os.pathsep + pp if pp else "")}
+
+
+def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    out, i = [], 8
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        tag, body = data[i + 4 : i + 8], data[i + 8 : i + 8 + n]
+        (crc,) = struct.unpack(">I", data[i + 8 + n : i + 12 + n])
+        assert zlib.crc32(tag + body) == crc, tag
+        out.append((tag, body))
+        i += 12 + n
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "railhop", "demo", "--quick", "--out", str(out)],
+        env=demo_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 120, "the quick demo should take about a minute at most"
+    return out, proc
+
+
+def test_quick_demo_results_are_sane_and_consistent(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, proc = demo
+    r: dict[str, Any] = json.loads((out / "results.json").read_text())
+    assert r["ok"] is True and r["quick"] is True
+    tot = r["totals"]
+    assert tot["data_errors"] == 0 and tot["request_errors"] == 0
+    assert tot["bytes_checked"] == r["recv"]["bytes"] == r["send"]["bytes"] > 100 << 20
+    assert tot["msgs_received"] == tot["msgs_sent"] == r["recv"]["msgs"]
+    assert 0.6 * 4 * r["rate_mbit_per_nic"] < tot["healthy_mbit"] < 1.2 * 4 * r["rate_mbit_per_nic"]
+    assert [e["action"] for e in r["events"]] == ["blackhole", "carrier", "heal", "heal"]
+    ts = [e["t"] for e in r["events"]]
+    assert ts == sorted(ts)
+
+    bh, cl = r["faults"]
+    assert (bh["action"], bh["nic"], cl["action"], cl["nic"]) == ("blackhole", 1, "carrier", 2)
+    # detection: from the agents' traces, with the source that really saw each fault
+    assert bh["detection"]["source"] == "plugin"
+    assert bh["detection"]["signal"] == "lane_timeout"
+    assert cl["detection"]["source"] == "netlink" and cl["detection"]["node"] == 0
+    assert cl["detection"]["signal"] == "carrier_down"
+    assert 0.5 < bh["detect_s"] < 4.0  # the plugin's completion timeout is 1 s
+    assert -0.05 < cl["detect_s"] < 1.0
+    for f in (bh, cl):
+        assert f["survived"] is True and f["errors"] == 0
+        assert f["detection"]["nic"] == f"nic{f['nic']}"
+        assert f["detection"]["outcome"] == "failed_back", f["detection"]
+        assert f["healed_at"] is not None and f["at"] < f["healed_at"]
+        # the agent's "NIC down" lies between the fault and its heal
+        det_t = (f["detection"]["declared_ns"] - r["t0_wall_ns"]) / 1e9
+        assert f["at"] - 0.05 < det_t < f["healed_at"]
+        assert abs(det_t - f["at"] - f["detect_s"]) < 0.01
+        assert 0 < f["resume_s"] < f["healed_at"] - f["at"]
+        # before the carrier loss the blackhole still holds: about 3/4 of healthy
+        assert 0.5 * (1.0 if f is bh else bh["expected_during"]) < f["before"] < 1.3
+        assert 0.1 < f["during"] < 1.1
+        assert f["after"] is not None and 0.6 < f["after"] < 1.3
+        assert f["failback_s"] is not None and 0 < f["failback_s"] < 6
+        assert 0 < f["bytes_checked"] < tot["bytes_checked"]
+    assert bh["expected_during"] == 0.75 and cl["expected_during"] == 0.5
+    assert bh["bytes_checked"] + cl["bytes_checked"] < tot["bytes_checked"]
+    # the timeline: node 0's NICs, the blackholed NIC silent while the fault held
+    bins = r["timeline_node0_tx_Bps"]
+    assert len(bins) > 50 and all(len(b["nics"]) == 4 for b in bins)
+    quiet = [b["nics"][1] for b in bins if bh["at"] + bh["resume_s"] + 0.5 < b["t"] < cl["at"]]
+    assert quiet and max(quiet) < 0.05 * r["rate_mbit_per_nic"] * 1e6 / 8
+    # the table on stdout
+    head = proc.stdout.index("detected by")
+    table = proc.stdout[head:]
+    assert "node0 netlink carrier_down" in table and "plugin lane_timeout" in table
+    assert "data errors 0, request errors 0" in table
+    assert r["agents_exit"] == {"0": 0, "1": 0}
+
+
+def test_quick_demo_png(demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = demo
+    chunks = png_chunks((out / "timeline.png").read_bytes())
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    w, h, depth, ctype = struct.unpack(">IIBB", chunks[0][1][:10])
+    assert (w, h, depth, ctype) == (*PNG_SIZE, 8, 2)
+    raw = zlib.decompress(b"".join(body for tag, body in chunks if tag == b"IDAT"))
+    assert len(raw) == h * (1 + 3 * w)
+    colours = {raw[i : i + 3] for i in range(1, len(raw) - 3, 3 * 7)}
+    assert len(colours) > 10  # curves, tints, marks: more than a blank canvas
+
+
+def test_quick_demo_traces(demo: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, _ = demo
+    doc = json.loads((out / "traces.otlp.json").read_text())
+    hosts = {
+        next(a["value"]["stringValue"] for a in rs["resource"]["attributes"] if a["key"] == k)
+        for rs in doc["resourceSpans"]
+        for k in ("k8s.node.name",)
+    }
+    assert "demo-node0" in hosts
+    spans = tracing.read_otlp_json(out / "traces.otlp.json")
+    roots = {s["spanId"]: s for s in spans if s["name"] == tracing.FAILOVER}
+    r = json.loads((out / "results.json").read_text())
+    for f in r["faults"]:
+        det = f["detection"]
+        root = next(
+            s
+            for s in roots.values()
+            if s["traceId"] == det["trace_id"]
+            and span_attrs(s)["network.interface.name"] == f"nic{f['nic']}"
+        )
+        kids = [s for s in spans if s.get("parentSpanId") == root["spanId"]]
+        names = [s["name"] for s in kids]
+        assert names.count(tracing.DETECTION) == 1, names
+        assert tracing.DECISION in names and tracing.FAILBACK in names, names
+        d = next(s for s in kids if s["name"] == tracing.DETECTION)
+        assert span_attrs(d)["railhop.detection.source"] == det["source"]
+        assert int(d["endTimeUnixNano"]) == det["declared_ns"]
+        ra = span_attrs(root)
+        assert ra["railhop.failover.outcome"] == "failed_back"
+        assert int(root["startTimeUnixNano"]) <= det["declared_ns"] <= int(root["endTimeUnixNano"])
+
+
+def _our_agents(out: Path) -> list[int]:
+    """Pids of agents started by the demo writing into ``out``."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(str(out).encode() in c for c in cmd) and any(b"run_agent" in c for c in cmd):
+            found.append(int(p.name))
+    return found
+
+
+def test_ctrl_c_cleans_up(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "railhop", "demo", "--quick", "--out", str(out)],
+        env=demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        seen = ""
+        while "blackhole nic1  " not in seen:  # a live line of the blackhole phase
+            line = proc.stdout.readline()
+            assert line, f"demo ended early: {seen[-2000:]}"
+            seen += line
+            assert time.monotonic() < deadline, seen[-2000:]
+        assert _our_agents(out), "the agents should be running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert not _our_agents(out)
+    after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    assert not {n for n in after - before if n.startswith("rhdemo")}
