@@ -333,7 +333,7 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
 
     from railhop.control import ControlError
     from railhop.control.plane import default_run_dir
-    from railhop.control.status import agent_alive, format_status
+    from railhop.control.status import STATUS_FILE, agent_alive, format_status, read_status_doc
     from railhop.control.table import read_table
 
     table = (run_dir or default_run_dir()) / "health.tbl"
@@ -344,7 +344,8 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     except ControlError as e:
         raise DomainError(f"{table}: {e}") from e
     now = time.monotonic_ns()
-    click.echo(format_status(snap, now), nl=False)
+    lanes = read_status_doc(table.parent / STATUS_FILE)
+    click.echo(format_status(snap, now, lanes=lanes), nl=False)
     if check and not agent_alive(snap, now):
         raise SystemExit(1)
 
@@ -402,6 +403,12 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     envvar="RAILHOP_NICS",
     help="The plugins' NIC order as in RAILHOP_NICS (ifname[:rail],...).",
 )
+@click.option(
+    "--sources",
+    default="netlink,sysfs,ebpf",
+    show_default=True,
+    help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
+)
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def agent_cmd(
@@ -418,6 +425,7 @@ def agent_cmd(
     trace_file: Path | None,
     usdt_lib: Path | None,
     plugin_nics: str,
+    sources: str,
     check: bool,
     verbose: bool,
 ) -> None:
@@ -450,6 +458,7 @@ def agent_cmd(
         metrics_addr=metrics_addr,
         usdt_lib=usdt_lib,
         plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
+        sources=tuple(x for x in sources.split(",") if x),
     )
     try:
         code = run_agent(cfg)

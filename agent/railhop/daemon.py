@@ -32,12 +32,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
 import signal
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,7 @@ from railhop.control import (
     Reason,
     ReceivedEvent,
 )
+from railhop.control.status import STATUS_FILE
 from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
 from railhop.topology import Nic, Topology, read_topology
@@ -81,7 +85,11 @@ class AgentConfig:
     reload_interval_s: float = 2.0
     shutdown_timeout_s: float = 5.0
     duration_s: float | None = None  # stop after this long (tests, demo); None: until a signal
-    sources: tuple[str, ...] = ("netlink", "sysfs")  # which default sources to start
+    # which default sources to start; "ebpf": carrier (raw tracepoint / qdisc proxy) and TCP
+    # lane probes, started in the background when the capability check allows them
+    sources: tuple[str, ...] = ("netlink", "sysfs", "ebpf")
+    ebpf_start_timeout_s: float = 180.0  # trial child + bcc compile, on a busy node
+    status_interval_s: float = 0.25  # status.json at most this often
     traces: bool = False  # export failover traces as the OTEL_* variables say
     trace_file: Path | None = None  # also append OTLP/JSON lines here
     metrics_port: int | None = None  # Prometheus endpoint; None: off, 0: an ephemeral port
@@ -136,6 +144,15 @@ def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list
             )
         except Exception as e:
             log.warning("sysfs counter source unavailable: %s", e)
+    if "ebpf" in config.sources:
+        try:
+            from railhop.sources.ebpf import CarrierSource, TcpLaneSource
+
+            # kernel hooks see every netns: keep this agent's (the node's) only
+            out.append(CarrierSource(ifnames=set(ifnames), netns="self"))
+            out.append(TcpLaneSource(netns="self"))
+        except Exception as e:
+            log.warning("eBPF sources unavailable: %s", e)
     if config.usdt_lib is not None:
         try:
             from railhop.sources.usdt import UsdtSource
@@ -174,12 +191,30 @@ _PORT_UP = {"PORT_ACTIVE", "IB_EVENT_PORT_ACTIVE", "port_active"}
 _FATAL = {"DEVICE_FATAL", "IB_EVENT_DEVICE_FATAL", "device_fatal"}
 
 
-def health_event_from_source(ev: object, alias: Mapping[str, str]) -> health.Event | None:
+def health_event_from_source(
+    ev: object, alias: Mapping[str, str], port_nic: Mapping[int, str] | None = None
+) -> health.Event | None:
     """A source event (railhop.sources.events) as a health-model event, or None when it says
     nothing about a managed NIC's health. Matched by class name so that this module does not
-    need the sources package."""
+    need the sources package. ``port_nic``: local TCP port of a plugin lane -> its NIC
+    (:class:`LaneBook`), for the TCP probe's signals."""
     kind = type(ev).__name__
     t = getattr(ev, "ts_ns", 0) / 1e9
+    if kind == "TcpSuspect":
+        if getattr(ev, "reason", "") == "retransmit":
+            # a plain retransmit is congestion as often as trouble (tbf drops, incast); a
+            # blackhole shows as an RTO, i.e. "loss" (TCP_CA_Loss) at the same moment
+            return None
+        ports = port_nic or {}
+        nic = ports.get(int(getattr(ev, "sport", 0))) or ports.get(int(getattr(ev, "dport", 0)))
+        if nic is None or nic not in alias:
+            return None
+        return health.TcpSuspect(
+            alias[nic],
+            t,
+            detail=f"{getattr(ev, 'reason', '')} {getattr(ev, 'sport', 0)}->"
+            f"{getattr(ev, 'dport', 0)} value {getattr(ev, 'value', 0)}",
+        )
     if kind in ("CarrierDown", "CarrierUp", "LinkRemoved"):
         nic = alias.get(str(getattr(ev, "ifname", "")))
         if nic is None:
@@ -224,7 +259,8 @@ def health_event_from_source(ev: object, alias: Mapping[str, str]) -> health.Eve
 
 def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Event | None:
     """A plugin's lane event as a health event: timeouts and transport errors are soft signals
-    on the lane's local NIC (the state machine decides when they mean DOWN)."""
+    on the lane's local NIC (the state machine decides when they mean DOWN); a lane coming up
+    or failing back on a NIC is a successful probe of it."""
     nic = alias.get(ev.nic)
     if nic is None:
         return None
@@ -233,6 +269,10 @@ def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Ev
         return health.LaneTimeout(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id}")
     if ev.type is EventType.LANE_ERROR:
         return health.LaneError(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}")
+    if ev.type in (EventType.LANE_UP, EventType.FAILBACK):
+        # a lane on this NIC completed its handshake / carries traffic again: the positive
+        # evidence a NIC that went DOWN with its link up needs before it is offered again
+        return health.ProbeOk(nic, t)
     return None
 
 
@@ -315,6 +355,171 @@ class UsdtLaneTranslator:
         return None
 
 
+class BurstGuard:
+    """Pure: one process reporting lane timeouts/errors on several NICs within ``window_s`` is
+    more likely overloaded, or losing its peer, than seeing several local NICs fail at once
+    (seen on the fabric: right after a carrier loss, the backup lanes' probes of one process
+    timed out on all three other NICs within 1 ms, and taking them DOWN took the whole node's
+    traffic down). The first NIC's signal stands; the others' become suspicion only."""
+
+    def __init__(self, window_s: float = 0.5) -> None:
+        self.window_s = window_s
+        self._recent: dict[int, list[tuple[float, str]]] = {}
+
+    def filter(self, ev: health.Event, pid: int) -> health.Event:
+        if not isinstance(ev, health.LaneTimeout | health.LaneError):
+            return ev
+        if len(self._recent) > 4096:
+            self._recent.clear()
+        seen = [(t, n) for t, n in self._recent.get(pid, []) if ev.t - t < self.window_s]
+        others = {n for _, n in seen if n != ev.nic}
+        self._recent[pid] = [*seen[-31:], (ev.t, ev.nic)]
+        if not others:
+            return ev
+        return health.Suspicion(
+            ev.nic,
+            ev.t,
+            detail=f"{ev.kind.replace('_', ' ')} of pid {pid} also on {','.join(sorted(others))}",
+        )
+
+
+@dataclass
+class _Lane:
+    nic: str
+    conn: tuple[int, int]  # (pid, conn_id)
+    ports: tuple[int, ...]
+
+
+class LaneBook:
+    """The plugins' lanes as their lane events describe them (pure: no I/O, no clock):
+    which NIC each lane uses (connections per NIC for ``railhop status``), which local TCP
+    ports belong to which NIC (the TCP probe's port map: :meth:`update` says which ports to
+    add to / remove from it) and the recent failovers and fail-backs. Lanes are keyed by
+    (peer pid as the agent sees it, connection id, lane index); bounded in size."""
+
+    MAX_LANES = 65536
+    MAX_FAILOVERS = 32
+
+    def __init__(self) -> None:
+        self._lanes: dict[tuple[int, int, int], _Lane] = {}
+        self._refs: dict[int, int] = {}
+        self.port_nic: dict[int, str] = {}
+        self._open: dict[tuple[int, int], dict[str, Any]] = {}
+        self.failovers: deque[dict[str, Any]] = deque(maxlen=self.MAX_FAILOVERS)
+        self.failover_count = 0
+        self.failback_count = 0
+
+    def update(self, ev: LaneEvent, pid: int) -> tuple[list[int], list[int]]:
+        """Apply one lane event from process ``pid``; returns (ports added, ports removed)."""
+        added: list[int] = []
+        removed: list[int] = []
+        key = (pid, ev.conn_id, ev.lane)
+        if ev.type is EventType.LANE_UP:
+            old = self._lanes.pop(key, None)
+            if old is not None:
+                removed += self._release(old)
+            if len(self._lanes) >= self.MAX_LANES:  # bounded: forget the oldest
+                removed += self._release(self._lanes.pop(next(iter(self._lanes))))
+            ports = tuple(p for p in ev.local_ports if 0 < p < 65536)
+            self._lanes[key] = _Lane(ev.nic, (pid, ev.conn_id), ports)
+            for port in ports:
+                self._refs[port] = self._refs.get(port, 0) + 1
+                if self._refs[port] == 1:
+                    self.port_nic[port] = ev.nic
+                    added.append(port)
+        elif ev.type in (EventType.LANE_DOWN, EventType.LANE_ERROR, EventType.LANE_TIMEOUT):
+            old = self._lanes.pop(key, None)
+            if old is not None:
+                removed += self._release(old)
+        elif ev.type is EventType.FAILOVER_START:
+            self.failover_count += 1
+            rec: dict[str, Any] = {
+                "kind": "failover",
+                "pid": pid,
+                "conn": ev.conn_id,
+                "nic": ev.nic,
+                "t_ns": ev.t_ns,
+                "error": ev.error,
+                "duration_ms": None,
+            }
+            if len(self._open) >= self.MAX_LANES:
+                self._open.clear()
+            self._open[(pid, ev.conn_id)] = rec
+            self.failovers.append(rec)
+        elif ev.type is EventType.FAILOVER_END:
+            done = self._open.pop((pid, ev.conn_id), None)
+            if done is not None:
+                done["duration_ms"] = round(ev.duration_ns / 1e6, 3)
+                # (sender side; the field is new in the plugin's events: absent -> 0)
+                done["bytes_replayed"] = int(getattr(ev, "bytes_replayed", 0))
+        elif ev.type is EventType.FAILBACK:
+            self.failback_count += 1
+            self.failovers.append(
+                {
+                    "kind": "failback",
+                    "pid": pid,
+                    "conn": ev.conn_id,
+                    "nic": ev.nic,
+                    "t_ns": ev.t_ns,
+                    "error": 0,
+                    "duration_ms": None,
+                }
+            )
+        return added, [p for p in removed if p not in added]
+
+    def _release(self, lane: _Lane) -> list[int]:
+        out = []
+        for port in lane.ports:
+            n = self._refs.get(port, 0) - 1
+            if n <= 0:
+                self._refs.pop(port, None)
+                self.port_nic.pop(port, None)
+                out.append(port)
+            else:
+                self._refs[port] = n
+        return out
+
+    def per_nic(self) -> dict[str, dict[str, int]]:
+        """NIC -> lanes, connections and processes using it now."""
+        lanes: dict[str, int] = {}
+        conns: dict[str, set[tuple[int, int]]] = {}
+        for lane in self._lanes.values():
+            lanes[lane.nic] = lanes.get(lane.nic, 0) + 1
+            conns.setdefault(lane.nic, set()).add(lane.conn)
+        return {
+            nic: {
+                "lanes": lanes[nic],
+                "connections": len(conns[nic]),
+                "processes": len({c[0] for c in conns[nic]}),
+            }
+            for nic in sorted(lanes)
+        }
+
+    def status(self, *, agent_pid: int, now_ns: int) -> dict[str, Any]:
+        """The content of ``status.json`` (what ``railhop status`` shows under the NIC table)."""
+        return {
+            "version": 1,
+            "agent_pid": agent_pid,
+            "written_ns": now_ns,
+            "nics": self.per_nic(),
+            "failovers_total": self.failover_count,
+            "failbacks_total": self.failback_count,
+            "recent": list(self.failovers),
+        }
+
+
+def write_status(path: Path, doc: Mapping[str, Any]) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 def plugin_nic_order() -> list[str]:
     """What the plugin's auto-detection picks in this netns: up, non-loopback interfaces
     with an IPv4 address, sorted by name (plugin/src/nic.c)."""
@@ -339,6 +544,21 @@ _STATE = {
 }
 
 
+def published_state(h: health.NicHealth, params: health.HealthParams) -> NicState:
+    """The table state of a NIC. A NIC that went DOWN with its link up and is past its hold-off
+    waits in RECOVERING for evidence (a lane of a plugin up or failed back on it); plugins treat
+    a RECOVERING NIC as down and would never try it, so it is published as SUSPECT ("probe
+    before you trust it"): plugins may fail back onto it and run their confirming probe, while
+    the agent's plans still never offer it as a backup (the model keeps it not usable)."""
+    if (
+        h.state is health.NicState.RECOVERING
+        and h.need_evidence
+        and h.probes_ok < health.probes_needed(h, params)
+    ):
+        return NicState.SUSPECT
+    return _STATE[h.state]
+
+
 def reason_code(reason: str) -> Reason:
     """The table's reason code for a health-model reason text (first match wins)."""
     r = reason.lower()
@@ -350,6 +570,7 @@ def reason_code(reason: str) -> Reason:
         (("lane timeout",), Reason.LANE_TIMEOUT),
         (("lane error",), Reason.LANE_ERROR),
         (("counter",), Reason.COUNTERS),
+        (("tcp",), Reason.TCP),
         (("initial", "recovered", "quiet", "probe ok"), Reason.NONE),
     ):
         if any(w in r for w in words):
@@ -378,7 +599,7 @@ def to_published(
         nics.append(
             NicHealth(
                 ifname=key,
-                state=_STATE[h.state],
+                state=published_state(h, model.params),
                 since_ns=max(0, int(h.since * 1e9)),
                 reason=reason_code(h.reason),
                 rail=rail[0] if rail is not None else n.rail,
@@ -469,6 +690,13 @@ class Agent:
         self._socket_lane_pids: set[int] = set()  # plugins that report on agent.sock
         self._netns_ino = _netns_ino(os.getpid())
         self._same_netns: dict[int, bool] = {}
+        self.lanes = LaneBook()
+        self._burst = BurstGuard()
+        self._status_dirty = True
+        self._status_next = 0.0
+        self._closing = threading.Event()  # background source start-ups undo themselves
+        self._bg_start: asyncio.Task[None] | None = None
+        self.sources_ready = asyncio.Event()  # every source started or given up
 
     def _now(self) -> float:
         return self._clock() / 1e9
@@ -607,7 +835,18 @@ class Agent:
             return
         if kind == "source":
             self.stats.source_events += 1
-            hev = health_event_from_source(item, self._alias)
+            hev = health_event_from_source(item, self._alias, self.lanes.port_nic)
+            if hev is not None and hev.kind in ("carrier_down", "carrier_up"):
+                # rare: which source saw it first is worth a line (eBPF runs ahead of netlink)
+                log.info(
+                    "%s: %s from %s (%s) ts_ns %d, %.3f ms ago",
+                    hev.nic,
+                    hev.kind,
+                    getattr(item, "source", "?"),
+                    getattr(item, "hook", "") or "-",
+                    int(getattr(item, "ts_ns", 0)),
+                    (self._clock() - int(getattr(item, "ts_ns", 0))) / 1e6,
+                )
             if hev is not None and hev.kind in BAD_KINDS and self.tracer is not None:
                 self.tracer.signal(
                     tracing.Signal(
@@ -623,6 +862,9 @@ class Agent:
             assert isinstance(item, ReceivedEvent)
             self.stats.lane_events += 1
             hev = health_event_from_lane(item.event, self._alias)
+            if hev is not None:
+                hev = self._burst.filter(hev, item.peer.pid)
+            self._book_lane(item.event, item.peer.pid)
             if item.event.type is not EventType.LANE_TIMEOUT:
                 self._socket_lane_pids.add(item.peer.pid)
             if self.metrics is not None:
@@ -633,6 +875,38 @@ class Agent:
             self.stats.ignored_events += 1
         else:
             self._apply(hev)
+
+    def _book_lane(self, ev: LaneEvent, pid: int) -> None:
+        """Lane bookkeeping for status.json and the TCP probe's port map."""
+        added, removed = self.lanes.update(ev, pid)
+        if ev.type is not EventType.LANE_TIMEOUT or removed:
+            self._status_dirty = True
+        if not added and not removed:
+            return
+        for src in self._sources:
+            add, rm = getattr(src, "add_port", None), getattr(src, "remove_port", None)
+            if not callable(add) or not callable(rm):
+                continue
+            try:
+                for port in added:
+                    add(port)
+                for port in removed:
+                    rm(port)
+            except Exception as e:  # a map update must not stop the loop
+                log.debug("TCP probe port map: %s", e)
+
+    def _maybe_write_status(self, now: float) -> None:
+        if not self._status_dirty or now < self._status_next or self.control is None:
+            return
+        self._status_dirty = False
+        self._status_next = now + self.config.status_interval_s
+        try:
+            write_status(
+                self.control.run_dir / STATUS_FILE,
+                self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock()),
+            )
+        except OSError as e:
+            log.debug("status.json: %s", e)
 
     def _usdt_lane_event(self, ev: object) -> None:
         """A plugin USDT probe: a lane event for traces and metrics (not for the health
@@ -729,23 +1003,90 @@ class Agent:
         return 0
 
     async def _start_sources(self) -> None:
+        """Starts the quick sources now; eBPF ones (trial child + bcc compile: seconds to
+        minutes) start in the background while the loop already serves events and heartbeats."""
         assert self.topology is not None
         self._sources = self._source_factory(self.config, self.topology, self.policy)
+        slow = [s for s in self._sources if _slow_start(s)]
         for s in self._sources:
+            if s in slow:
+                continue
             try:
                 caps = await asyncio.wait_for(s.start(self._emit_source), 30)
             except Exception as e:
                 log.warning("source %s failed to start: %s", s.name, e)
                 continue
-            self._started.append(s)
-            if self.metrics is not None:
-                self.metrics.sources.labels(s.name).set(1)
-                stats = getattr(s, "lane_stats", None)
-                if callable(stats):
-                    self.metrics.set_lane_stats(stats)
-            for c in caps:
-                line = getattr(c, "line", None)
-                log.info("%s", line() if callable(line) else c)
+            self._source_up(s, caps)
+        if slow:
+            self._bg_start = asyncio.create_task(self._start_slow(slow), name="railhop-ebpf-start")
+        else:
+            self.sources_ready.set()
+
+    def _source_up(self, s: SourceLike, caps: Sequence[Any]) -> None:
+        self._started.append(s)
+        attached = not caps or any(getattr(c, "attached", True) for c in caps)
+        if self.metrics is not None:
+            self.metrics.sources.labels(s.name).set(1 if attached else 0)
+            stats = getattr(s, "lane_stats", None)
+            if callable(stats):
+                self.metrics.set_lane_stats(stats)
+        for c in caps:  # the capability report, logged once
+            line = getattr(c, "line", None)
+            log.info("%s", line() if callable(line) else c)
+
+    async def _start_slow(self, slow: Sequence[SourceLike]) -> None:
+        try:
+            for s in slow:
+                t0 = time.monotonic()
+                try:
+                    caps = await asyncio.wait_for(
+                        self._start_in_thread(s), self.config.ebpf_start_timeout_s
+                    )
+                except Exception as e:
+                    log.warning("source %s failed to start: %s", s.name, e or type(e).__name__)
+                    continue
+                if self._closing.is_set():
+                    return
+                log.info("source %s started in %.1f s", s.name, time.monotonic() - t0)
+                self._source_up(s, caps)
+        finally:
+            self.sources_ready.set()
+
+    def _start_in_thread(self, s: SourceLike) -> asyncio.Future[list[Any]]:
+        """``s.start_sync`` in a daemon thread (unlike asyncio.to_thread, a stuck compile
+        never delays the agent's exit); a start that finishes after shutdown began is undone
+        in that thread."""
+        start_sync = getattr(s, "start_sync", None)
+        if not callable(start_sync):
+            return asyncio.ensure_future(s.start(self._emit_source))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Any]] = loop.create_future()
+
+        def deliver(res: list[Any] | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(res or [])
+
+        def work() -> None:
+            res: list[Any] | None = None
+            exc: BaseException | None = None
+            try:
+                res = list(start_sync(self._emit_source))
+            except Exception as e:
+                exc = e
+            if self._closing.is_set():
+                _stop_quietly(s)
+                return
+            try:
+                loop.call_soon_threadsafe(deliver, res, exc)
+            except RuntimeError:  # the loop is gone
+                _stop_quietly(s)
+
+        threading.Thread(target=work, name=f"rh-start-{s.name}", daemon=True).start()
+        return fut
 
     async def _loop_until_stopped(self) -> None:
         assert self.model is not None
@@ -756,6 +1097,8 @@ class Agent:
             if end is not None and now >= end:
                 break
             wake = [next_reload]
+            if self._status_dirty:
+                wake.append(self._status_next)
             if self.tracer is not None and self.tracer.assembler.open_failovers:
                 wake.append(now + 1.0)  # tracing timers (fail-back grace, escalation)
             if end is not None:
@@ -789,10 +1132,16 @@ class Agent:
                     self.metrics.prune()
             if self._dirty:
                 self._publish()
+            self._maybe_write_status(now)
 
     async def _shutdown(self, pump: asyncio.Task[None]) -> None:
         budget = self.config.shutdown_timeout_s
         t0 = time.monotonic()
+        self._closing.set()
+        if self._bg_start is not None and not self._bg_start.done():
+            self._bg_start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._bg_start, 1.0)
         for s in reversed(self._started):
             left = max(0.1, budget - (time.monotonic() - t0))
             try:
@@ -846,6 +1195,18 @@ def decisions(
             )
         )
     return out
+
+
+def _slow_start(s: SourceLike) -> bool:
+    """eBPF sources (kernel hooks: trial child + compile) start in the background."""
+    return s.name.startswith("ebpf.")
+
+
+def _stop_quietly(s: object) -> None:
+    stop_sync = getattr(s, "stop_sync", None)
+    if callable(stop_sync):
+        with contextlib.suppress(Exception):
+            stop_sync()
 
 
 def _netns_ino(pid: int) -> int | None:

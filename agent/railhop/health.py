@@ -10,14 +10,22 @@ States (``NicState``)::
                                        any bad signal in RECOVERING: back to DOWN (a flap)
 
 * Hard signals (carrier down, device fatal, agent/admin down) take a NIC DOWN at once.
-* Soft signals (lane timeout, lane error, counter-rate breach, probe failure) make it SUSPECT;
+* Soft signals (lane timeout, lane error, counter-rate breach, probe failure, TCP trouble on a
+  lane socket) make it SUSPECT;
   ``suspect_strikes`` of them within ``suspect_window_s`` make it DOWN, and kinds listed in
-  ``down_on`` do so at once. A probe failure while SUSPECT confirms the suspicion.
+  ``down_on`` do so at once (TCP trouble never counts as a strike). A probe failure while
+  SUSPECT confirms the suspicion.
 * Flap damping: every entry into DOWN counts a flap; the NIC may return to UP only after a
   hold-off of ``holdoff_initial_s * multiplier**(flaps-1)`` (capped at ``holdoff_max_s``, so it
   never gives up). Flaps are forgotten after ``flap_reset_s`` of continuous UP.
 * Hysteresis: RECOVERING needs ``recover_stable_s`` without a bad signal (and
   ``recover_probes`` successful probes) before UP; SUSPECT needs ``suspect_clear_s`` of quiet.
+* Evidence: a NIC that went DOWN while its link stayed up (lane timeouts/errors, counters,
+  probe failures, device fatal: a silent blackhole looks like this) has nothing that would
+  tell it is healthy again, so after the hold-off it waits in RECOVERING for at least one
+  :class:`ProbeOk` (the daemon turns the plugins' FAILBACK / LANE_UP on that NIC into one)
+  no older than its entry into DOWN. A carrier-caused DOWN recovers on carrier up as before
+  (``recover_probes`` still applies to both).
 
 Nothing here reads a clock: every event carries its time ``t`` (seconds, any monotonic origin)
 and timers advance through :func:`tick`; :func:`next_deadline` tells the caller when to tick.
@@ -49,9 +57,12 @@ __all__ = [
     "NicState",
     "ProbeFail",
     "ProbeOk",
+    "Suspicion",
+    "TcpSuspect",
     "Transition",
     "initial",
     "next_deadline",
+    "probes_needed",
     "step",
     "tick",
 ]
@@ -146,6 +157,26 @@ class CounterBreach(Event):
 
 
 @dataclass(frozen=True)
+class TcpSuspect(Event):
+    """TCP trouble (retransmit, loss state, socket error) on a plugin lane socket of this NIC.
+    Makes the NIC SUSPECT (the plugins then run their confirming probe on its lanes) but never
+    counts as a strike: retransmits alone do not take a NIC down."""
+
+    detail: str = ""
+    kind: ClassVar[str] = "tcp_suspect"
+
+
+@dataclass(frozen=True)
+class Suspicion(Event):
+    """A soft signal that may only make the NIC SUSPECT (the daemon downgrades to this a lane
+    signal whose cause is probably not this NIC, e.g. one process timing out on several NICs
+    at once). Never a strike."""
+
+    detail: str = ""
+    kind: ClassVar[str] = "suspicion"
+
+
+@dataclass(frozen=True)
 class ProbeOk(Event):
     kind: ClassVar[str] = "probe_ok"
 
@@ -156,7 +187,7 @@ class ProbeFail(Event):
 
 
 _HARD = (CarrierDown, DeviceFatal, AdminDown)
-_SOFT = (LaneTimeout, LaneError, CounterBreach, ProbeFail)
+_SOFT = (LaneTimeout, LaneError, CounterBreach, ProbeFail, TcpSuspect, Suspicion)
 SOFT_KINDS = frozenset(c.kind for c in _SOFT)
 
 
@@ -227,6 +258,7 @@ class NicHealth:
     flaps: int = 0  # failures not yet forgiven
     holdoff_until: float = 0.0
     probes_ok: int = 0  # successful probes in RECOVERING
+    need_evidence: bool = False  # DOWN with the link up: UP only after a ProbeOk
     stable_since: float | None = None  # last entry into UP
 
 
@@ -250,7 +282,15 @@ def _enter(h: NicHealth, state: NicState, t: float, reason: str, **kw: Any) -> N
     return replace(h, state=state, since=t, reason=reason, **kw)
 
 
-def _go_down(h: NicHealth, t: float, reason: str, p: HealthParams) -> NicHealth:
+def probes_needed(h: NicHealth, p: HealthParams) -> int:
+    """Successful probes RECOVERING needs before UP."""
+    return max(p.recover_probes, 1 if h.need_evidence else 0)
+
+
+def _go_down(
+    h: NicHealth, t: float, reason: str, p: HealthParams, *, evidence: bool = True
+) -> NicHealth:
+    """Enter DOWN; ``evidence``: the cause leaves the link up, so recovery needs a probe."""
     if h.state is NicState.DOWN:
         return replace(h, last_bad=t)
     flaps = h.flaps
@@ -271,6 +311,7 @@ def _go_down(h: NicHealth, t: float, reason: str, p: HealthParams) -> NicHealth:
         strikes=(),
         last_bad=t,
         probes_ok=0,
+        need_evidence=evidence,
     )
 
 
@@ -287,7 +328,9 @@ def step(h: NicHealth, ev: Event, p: HealthParams) -> NicHealth:
         else:
             h = replace(h, link_up=False) if isinstance(ev, CarrierDown) else h
             reason = ev.kind.replace("_", " ")
-        h = _go_down(h, t, reason, p)
+        if isinstance(ev, CarrierDown):
+            h = replace(h, need_evidence=False)  # carrier up will say when it is back
+        h = _go_down(h, t, reason, p, evidence=isinstance(ev, DeviceFatal))
     elif isinstance(ev, CarrierUp | AdminUp):
         h = replace(h, link_up=True) if isinstance(ev, CarrierUp) else replace(h, admin_down=False)
         if h.state is NicState.DOWN and h.link_up and not h.admin_down:
@@ -295,7 +338,9 @@ def step(h: NicHealth, ev: Event, p: HealthParams) -> NicHealth:
     elif isinstance(ev, _SOFT):
         h = _soft(h, ev, t, p)
     elif isinstance(ev, ProbeOk):
-        if h.state is NicState.SUSPECT:
+        if ev.t < h.since and h.state in (NicState.DOWN, NicState.RECOVERING):
+            pass  # evidence from before the failure says nothing about now
+        elif h.state is NicState.SUSPECT:
             h = _enter(h, NicState.UP, t, "probe ok", strikes=(), stable_since=h.stable_since)
         elif h.state is NicState.DOWN and h.link_up and not h.admin_down:
             h = _enter(h, NicState.RECOVERING, t, "probe ok", probes_ok=1)
@@ -318,6 +363,10 @@ def _soft(h: NicHealth, ev: Event, t: float, p: HealthParams) -> NicHealth:
         return _go_down(h, t, desc, p)
     if h.state is NicState.SUSPECT and isinstance(ev, ProbeFail):
         return _go_down(h, t, "probe failed while suspect", p)
+    if isinstance(ev, TcpSuspect | Suspicion):  # suspicion only: the plugins' probes decide
+        if h.state is NicState.UP:
+            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t)
+        return replace(h, last_bad=t)
     strikes = (*(s for s in h.strikes if t - s < p.suspect_window_s), t)
     if len(strikes) >= p.suspect_strikes:
         return _go_down(h, t, f"{len(strikes)} strikes within {p.suspect_window_s:g}s: {desc}", p)
@@ -344,9 +393,9 @@ def tick(h: NicHealth, now: float, p: HealthParams) -> NicHealth:
         h = _enter(h, NicState.RECOVERING, h.holdoff_until, "hold-off over", probes_ok=0)
     if h.state is NicState.RECOVERING:
         ready = max(h.holdoff_until, h.since + p.recover_stable_s)
-        if now >= ready and h.probes_ok >= p.recover_probes:
+        if now >= ready and h.probes_ok >= probes_needed(h, p):
             at = max(ready, h.t)
-            h = _enter(h, NicState.UP, at, "recovered", stable_since=at)
+            h = _enter(h, NicState.UP, at, "recovered", stable_since=at, need_evidence=False)
     if (
         h.state is NicState.UP
         and h.flaps
@@ -365,7 +414,7 @@ def next_deadline(h: NicHealth, p: HealthParams) -> float | None:
     if h.state is NicState.DOWN and h.link_up and not h.admin_down and h.flaps > 0:
         return h.holdoff_until
     if h.state is NicState.RECOVERING:
-        if h.probes_ok < p.recover_probes:
+        if h.probes_ok < probes_needed(h, p):
             return None
         return max(h.holdoff_until, h.since + p.recover_stable_s)
     if h.state is NicState.UP and h.flaps and h.stable_since is not None:

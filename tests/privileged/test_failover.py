@@ -287,3 +287,26 @@ def test_randomized_fault_soak(fab: Fabric) -> None:
     except AssertionError as e:
         raise AssertionError(f"soak seed={seed} faults={applied}: {e}") from None
     assert len(applied) >= 10, applied
+
+
+@pytest.mark.parametrize("peer_role", ["send", "recv"])
+def test_escalation_latency_at_the_peer(fab: Fabric, peer_role: str) -> None:
+    """All NICs of node 1 lose carrier; the process on node 0 (its NICs stay up) must report a
+    clean error within 2x the completion timeout: timeout -> confirming probe -> probes of
+    every candidate pair in parallel -> error (aim: <= 1.6 s)."""
+    c = cfg(30.0, seed=17, expect_error=True, deadline=40.0)
+    send_node, recv_node = (0, 1) if peer_role == "send" else (1, 0)
+    with HarnessRun(fab, c, grace_s=5, send_node=send_node, recv_node=recv_node) as run:
+        warm_up(run)
+        t_fault = now_h(run)
+        for nic in range(4):
+            fab.carrier_down(1, nic)
+        res = run.wait(timeout=t_fault + 2 * COMPLETION_TIMEOUT_S + 8.0)
+    side = res.send if peer_role == "send" else res.recv
+    assert not side.timed_out and side.returncode == 0, res.describe()
+    s = side.summary
+    assert s is not None and s.data_errors == 0 and s.first_error is not None, res.describe()
+    assert s.first_error.clean, res.describe()
+    latency = s.first_error.t - t_fault
+    print(f"escalation at the peer ({peer_role}): {latency:.3f} s after the fault")
+    assert latency <= 2 * COMPLETION_TIMEOUT_S, res.describe()

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,8 +67,13 @@ def test_source_events_translate_to_health_events() -> None:
     assert daemon.health_event_from_lane(lane, alias) == health.LaneTimeout(
         "ibp93s0", 5.0, detail="pid 9 conn 4"
     )
+    # a lane coming up / failing back on a NIC is positive evidence: a probe that passed
     up = LaneEvent(EventType.LANE_UP, pid=9, nic="ibp93s0", t_ns=t)
-    assert daemon.health_event_from_lane(up, alias) is None
+    assert daemon.health_event_from_lane(up, alias) == health.ProbeOk("ibp93s0", 5.0)
+    back = LaneEvent(EventType.FAILBACK, pid=9, nic="mlx5_3", t_ns=t)
+    assert daemon.health_event_from_lane(back, alias) == health.ProbeOk("ibp93s0", 5.0)
+    end = LaneEvent(EventType.FAILOVER_END, pid=9, nic="ibp93s0", t_ns=t)
+    assert daemon.health_event_from_lane(end, alias) is None
 
 
 @pytest.mark.parametrize(
@@ -176,9 +182,33 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
                     )
                 )
             )
-            await until(
-                lambda: state_of(snap(table), "ibp93s0") in (NicState.DOWN, NicState.SUSPECT)
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.DOWN)
+
+            # its carrier never went down: after the hold-off (1 s) it waits in RECOVERING for
+            # evidence and is not offered again on time alone (the silent-blackhole bug);
+            # published as SUSPECT so that plugins may probe it, never as a backup
+            def probation() -> bool:
+                assert agent.model is not None
+                return agent.model["ibp93s0"].state is health.NicState.RECOVERING
+
+            await until(probation)
+            t_end = time.monotonic() + 0.8  # > recover_stable (0.5 s)
+            while time.monotonic() < t_end:
+                s = snap(table)
+                assert probation() and state_of(s, "ibp93s0") == NicState.SUSPECT
+                assert s is not None and all(
+                    b.local_nic != "ibp93s0" for bs in s.plans.values() for b in bs
+                )
+                await asyncio.sleep(0.02)
+            # a plugin fails back onto it: lanes carry traffic again -> UP
+            c.send(
+                encode_event(
+                    LaneEvent(
+                        EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
+                    )
+                )
             )
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.UP)
 
         # the policy file turns invalid: logged, counted, last good policy kept
         before = agent.policy
@@ -194,7 +224,7 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     assert not (run_dir / "agent.sock").exists()
     final = read_table(table)
     assert final.agent_gone
-    assert agent.stats.transitions >= 2 and agent.stats.lane_events == 1
+    assert agent.stats.transitions >= 4 and agent.stats.lane_events == 2
 
 
 def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
@@ -221,3 +251,220 @@ def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
     s = read_table(run_dir / "health.tbl")
     assert s.agent_gone and len(s.nics) > 0
     assert not (run_dir / "agent.sock").exists()
+
+
+# --- lanes, status.json, the TCP probe's port map, eBPF start-up in the background ----------
+
+
+def lane(
+    etype: EventType,
+    nic: str,
+    conn: int,
+    ln: int,
+    ports: tuple[int, ...] = (),
+    *,
+    t_ns: int = 1,
+    error: int = 0,
+    duration_ns: int = 0,
+) -> LaneEvent:
+    return LaneEvent(
+        etype,
+        pid=1,
+        nic=nic,
+        conn_id=conn,
+        lane=ln,
+        t_ns=t_ns,
+        error=error,
+        duration_ns=duration_ns,
+        local_ports=ports,
+        remote_ports=tuple(40000 for _ in ports),
+    )
+
+
+def test_lane_book() -> None:
+    book = daemon.LaneBook()
+    assert book.update(lane(EventType.LANE_UP, "nic0", 1, 0, (5001, 5002)), 10) == (
+        [5001, 5002],
+        [],
+    )
+    # a second lane (another process) listening on the same port: refcounted
+    assert book.update(lane(EventType.LANE_UP, "nic0", 7, 0, (5001,)), 11) == ([], [])
+    assert book.update(lane(EventType.LANE_UP, "nic1", 1, 1, (6001,)), 10) == ([6001], [])
+    assert book.port_nic == {5001: "nic0", 5002: "nic0", 6001: "nic1"}
+    assert book.per_nic() == {
+        "nic0": {"lanes": 2, "connections": 2, "processes": 2},
+        "nic1": {"lanes": 1, "connections": 1, "processes": 1},
+    }
+    # lane 0 of conn 1 times out: its ports go, except the one another lane still uses
+    assert book.update(lane(EventType.LANE_TIMEOUT, "nic0", 1, 0), 10) == ([], [5002])
+    assert book.update(lane(EventType.LANE_DOWN, "nic0", 7, 0), 11) == ([], [5001])
+    assert book.update(lane(EventType.LANE_DOWN, "nic0", 99, 0), 11) == ([], [])  # unknown
+    # failovers: start, end with its duration; fail-back
+    book.update(lane(EventType.FAILOVER_START, "nic1", 1, 1, error=110, t_ns=5), 10)
+    book.update(lane(EventType.FAILOVER_END, "nic1", 1, 0, duration_ns=2_500_000), 10)
+    book.update(lane(EventType.FAILBACK, "nic1", 1, 1, t_ns=9), 10)
+    doc = book.status(agent_pid=4, now_ns=100)
+    assert doc["failovers_total"] == 1 and doc["failbacks_total"] == 1
+    assert [(e["kind"], e["nic"], e["duration_ms"], e["error"]) for e in doc["recent"]] == [
+        ("failover", "nic1", 2.5, 110),
+        ("failback", "nic1", None, 0),
+    ]
+    assert doc["nics"] == {"nic1": {"lanes": 1, "connections": 1, "processes": 1}}
+    for i in range(100):  # bounded
+        book.update(lane(EventType.FAILOVER_START, "nic1", 1000 + i, 0), 10)
+    assert len(book.status(agent_pid=4, now_ns=100)["recent"]) == daemon.LaneBook.MAX_FAILOVERS
+
+
+def test_tcp_suspect_translates_through_the_port_map() -> None:
+    topo = read_topology(DGX)
+    alias = daemon.aliases(topo)
+    t = 5_000_000_000
+    sus = sev.TcpSuspect(ts_ns=t, source="ebpf.tcp", reason="loss", sport=5001, dport=40000)
+    f = daemon.health_event_from_source
+    assert f(sus, alias) is None  # no lane known on that port
+    got = f(sus, alias, {5001: "ibp25s0"})
+    assert isinstance(got, health.TcpSuspect) and (got.nic, got.t) == ("ibp25s0", 5.0)
+    assert f(sus, alias, {40000: "mlx5_0"}) is not None  # the peer's port (accepted side)
+    assert f(sus, alias, {5001: "eth9"}) is None  # not a managed NIC
+    err = sev.TcpSuspect(ts_ns=t, source="ebpf.tcp", reason="error", sport=5001, dport=1, value=110)
+    assert f(err, alias, {5001: "ibp25s0"}) is not None
+    # a plain retransmit is congestion as often as not (tbf drops): no suspicion
+    rtx = sev.TcpSuspect(ts_ns=t, source="ebpf.tcp", reason="retransmit", sport=5001, dport=1)
+    assert f(rtx, alias, {5001: "ibp25s0"}) is None
+    assert daemon.reason_code("tcp suspect") == Reason.TCP
+
+
+class SlowTcpSource(FakeSource):
+    """An eBPF-like source: slow start_sync in a thread, a port map."""
+
+    name = "ebpf.tcp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.ports: dict[int, int] = {}
+
+    def start_sync(self, emit: Callable[[Any], None]) -> list[Any]:
+        assert self.release.wait(30)
+        self.emit = emit
+        return []
+
+    def stop_sync(self) -> None:
+        self.stopped = True
+
+    def add_port(self, port: int, remote: bool = False) -> None:
+        self.ports[port] = 1
+
+    def remove_port(self, port: int) -> None:
+        self.ports.pop(port, None)
+
+
+def test_agent_lanes_status_and_tcp_suspect(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    slow = SlowTcpSource()
+    fake = FakeSource()
+    cfg = daemon.AgentConfig(
+        policy_path=POLICY, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50, status_interval_s=0.05
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake, slow])
+    table = run_dir / "health.tbl"
+    status = run_dir / "status.json"
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(table) is not None and fake.emit is not None)
+        assert slow.emit is None  # still "compiling": the loop runs meanwhile
+        s0 = snap(table)
+        assert s0 is not None
+        await until(lambda: (s := snap(table)) is not None and s.heartbeat_ns > s0.heartbeat_ns)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(run_dir / "agent.sock"))
+            t = time.monotonic_ns()
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp25s0", 1, 0, (5001,), t_ns=t)))
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp25s0", 2, 0, (5002,), t_ns=t)))
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp59s0", 3, 0, (5003,), t_ns=t)))
+            await until(lambda: slow.ports.keys() == {5001, 5002, 5003})  # before start: kept
+            await until(
+                lambda: (
+                    (d := read_status(status)) is not None
+                    and d["nics"].get("ibp25s0", {}).get("connections") == 2
+                )
+            )
+            slow.release.set()  # the "compile" finishes
+            await until(lambda: slow.emit is not None and agent.sources_ready.is_set())
+            # TCP trouble on a lane of ibp59s0 -> SUSPECT, published at once
+            assert slow.emit is not None
+            slow.emit(
+                sev.TcpSuspect(
+                    ts_ns=time.monotonic_ns(),
+                    source="ebpf.tcp",
+                    reason="loss",
+                    sport=5003,
+                    dport=40000,
+                )
+            )
+            await until(lambda: state_of(snap(table), "ibp59s0") == NicState.SUSPECT)
+            s = snap(table)
+            assert s is not None
+            assert next(n for n in s.nics if n.ifname == "ibp59s0").reason == Reason.TCP
+            assert state_of(s, "ibp25s0") == NicState.UP
+            # the lane goes down: its port leaves the map; a failover shows in status.json
+            c.send(encode_event(lane(EventType.LANE_DOWN, "ibp59s0", 3, 0, t_ns=t)))
+            c.send(encode_event(lane(EventType.FAILOVER_START, "ibp59s0", 3, 0, t_ns=t)))
+            await until(lambda: 5003 not in slow.ports)
+            await until(
+                lambda: (d := read_status(status)) is not None and d["failovers_total"] == 1
+            )
+        doc = read_status(status)
+        assert doc is not None and doc["agent_pid"] == os.getpid()
+        assert "ibp59s0" not in doc["nics"]
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    assert slow.stopped and fake.stopped
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    from railhop.control.status import read_status_doc
+
+    return read_status_doc(path)
+
+
+def test_agent_exits_while_an_ebpf_source_is_still_starting(tmp_path: Path) -> None:
+    slow = SlowTcpSource()
+    cfg = daemon.AgentConfig(run_dir=tmp_path / "run", sys_root=DGX, heartbeat_ms=50)
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [slow])
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(tmp_path / "run" / "health.tbl") is not None)
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 5) == 0
+
+    asyncio.run(body())
+    slow.release.set()  # the start finishes after shutdown: the source undoes itself
+    deadline = time.monotonic() + 5
+    while not slow.stopped:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_burst_guard_downgrades_one_process_timing_out_on_several_nics() -> None:
+    g = daemon.BurstGuard(window_s=0.5)
+    first = health.LaneTimeout("nic0", 1.0)
+    assert g.filter(first, 7) is first
+    assert g.filter(health.LaneTimeout("nic0", 1.1), 7) == health.LaneTimeout("nic0", 1.1)
+    other = g.filter(health.LaneError("nic2", 1.2), 7)
+    assert isinstance(other, health.Suspicion) and other.nic == "nic2"
+    assert "pid 7 also on nic0" in other.detail
+    assert g.filter(health.LaneTimeout("nic3", 1.2), 8) == health.LaneTimeout("nic3", 1.2)
+    assert g.filter(health.LaneTimeout("nic3", 5.0), 7) == health.LaneTimeout("nic3", 5.0)
+    ok = health.ProbeOk("nic1", 5.0)
+    assert g.filter(ok, 7) is ok
+    # in the model: the first NIC goes DOWN, the others only SUSPECT
+    p = health.HealthParams()
+    m = health.HealthModel.create(["nic0", "nic2"], 0.0, p)
+    m, _ = m.apply(health.LaneTimeout("nic0", 1.0))
+    m, _ = m.apply(health.Suspicion("nic2", 1.0))
+    assert m.states == {"nic0": health.NicState.DOWN, "nic2": health.NicState.SUSPECT}

@@ -89,7 +89,6 @@ def _set(offset: int, raw: bytes) -> bytes:
         (_patch("<H", 10, 9), "nports"),
         (_patch("<H", 10, 1), "ports"),  # port 2 set beyond nports
         (_patch("<H", 120 + 2 * 7, 1), "ports"),
-        (_patch("<Q", 152, 1), "reserved"),
         (_patch("<I", 12, 0), "pid"),
         (_set(56, b"\0" * 16), "name"),  # empty nic
         (_set(56, b"n" * 16), "name"),  # not NUL-terminated

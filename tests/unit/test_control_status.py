@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from railhop.control import Backup, NicHealth, NicState, Reason, TableWriter, read_table
-from railhop.control.status import format_status
+from railhop.control import (
+    Backup,
+    EventType,
+    LaneEvent,
+    NicHealth,
+    NicState,
+    Reason,
+    TableWriter,
+    read_table,
+)
+from railhop.control.status import format_lanes, format_status, read_status_doc
+from railhop.daemon import LaneBook, write_status
 
 
 def test_format_status(tmp_path: Path) -> None:
@@ -27,4 +37,60 @@ def test_format_status(tmp_path: Path) -> None:
     assert "silent for 5.0s" in format_status(snap, 15_000_000_000)
     w.mark_gone()
     assert "gone" in format_status(read_table(tmp_path / "health.tbl"), 10_500_000_000)
+    w.close()
+
+
+def test_status_shows_lanes_and_failovers(tmp_path: Path) -> None:
+    w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=100, clock=lambda: 10_000_000_000)
+    w.publish([NicHealth("nic0", NicState.UP, 1_000_000_000, rail=0)], {})
+    snap = read_table(tmp_path / "health.tbl")
+    book = LaneBook()
+    book.update(
+        LaneEvent(
+            EventType.LANE_UP, 1, "nic0", conn_id=1, local_ports=(5001,), remote_ports=(4000,)
+        ),
+        77,
+    )
+    book.update(LaneEvent(EventType.LANE_UP, 1, "nic0", conn_id=2, lane=0), 78)
+    book.update(
+        LaneEvent(EventType.FAILOVER_START, 1, "nic1", conn_id=0xAB, t_ns=9_000_000_000, error=110),
+        77,
+    )
+    book.update(
+        LaneEvent(EventType.FAILOVER_END, 1, "nic1", conn_id=0xAB, duration_ns=3_250_000), 77
+    )
+    path = tmp_path / "status.json"
+    write_status(path, book.status(agent_pid=snap.agent_pid, now_ns=10_000_000_000))
+    assert not list(tmp_path.glob(".status.json.*"))  # temp file renamed away
+    doc = read_status_doc(path)
+    assert doc is not None
+    text = format_status(snap, 10_500_000_000, lanes=doc)
+    lines = text.splitlines()
+    i = lines.index("")
+    assert lines[i + 1].split() == ["NIC", "lanes", "conns", "procs"]
+    assert lines[i + 2].split() == ["nic0", "2", "2", "2"]
+    assert lines[i + 3] == "failovers 1, fail-backs 0; recent:"
+    assert lines[i + 4].split() == [
+        "1.5s",
+        "ago",
+        "failover",
+        "nic1",
+        "pid",
+        "77",
+        "conn",
+        f"{0xAB:016x}",
+        "in",
+        "3.2",
+        "ms",
+        "errno",
+        "110",
+    ]
+    # another agent's file (a restart) is not shown; garbage is not a status
+    assert "lanes" not in format_status(snap, 10_500_000_000, lanes={**doc, "agent_pid": 1})
+    path.write_text("{not json")
+    assert read_status_doc(path) is None
+    assert read_status_doc(tmp_path / "missing.json") is None
+    assert format_lanes({"version": 1, "nics": "junk", "recent": [1, "x"]}, 0)[1] == (
+        "(no lanes reported by plugins)"
+    )
     w.close()

@@ -25,8 +25,11 @@ from railhop.health import (
     NicState,
     ProbeFail,
     ProbeOk,
+    Suspicion,
+    TcpSuspect,
     initial,
     next_deadline,
+    probes_needed,
     step,
     tick,
 )
@@ -152,13 +155,64 @@ def test_blackhole_retries_with_backoff_forever() -> None:
         h = step(h, LaneTimeout("nic0", t), P)  # still broken
         assert h.state is S.DOWN
     assert holdoffs == pytest.approx([1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0])
-    # finally healed: comes back after the (capped) hold-off and stability time
+    # finally healed: after the (capped) hold-off it waits in RECOVERING for evidence (the link
+    # never went down, so nothing else says the path works again: the silent-blackhole bug)
     d = next_deadline(h, P)
     assert d is not None
     h = tick(h, d, P)
+    assert h.state is S.RECOVERING and h.need_evidence
+    assert next_deadline(h, P) is None
+    h = tick(h, d + 100.0, P)
+    assert h.state is S.RECOVERING  # no amount of waiting brings it back
+    h = step(h, ProbeOk("nic0", d + 100.0), P)  # a plugin's fail-back / lane up on it
+    assert h.state is S.UP and not h.need_evidence and h.reason == "recovered"
+
+
+def test_blackhole_recovery_needs_fresh_evidence() -> None:
+    """The demo's bug: DOWN on lane timeouts, carrier up all along -> RECOVERING after the
+    hold-off and UP 0.5 s later with nothing checking it. Now it needs a ProbeOk, and one
+    from before the failure does not count."""
+    h = run([LaneTimeout("nic0", 10.0)])
+    assert h.state is S.DOWN and h.need_evidence and h.holdoff_until == 11.0
+    h = step(h, ProbeOk("nic0", 9.9), P)  # a lane that came up before the failure
+    assert h.state is S.DOWN and h.probes_ok == 0
+    h = tick(h, 20.0, P)
+    assert h.state is S.RECOVERING and h.since == 11.0
+    h = step(h, ProbeOk("nic0", 10.5), P)  # older than RECOVERING: ignored too
+    assert h.probes_ok == 0 and tick(h, 30.0, P).state is S.RECOVERING
+    h = step(h, ProbeOk("nic0", 30.0), P)
+    assert tick(h, 30.0, P).state is S.UP  # stable time (11.5) long over
+    # a ProbeOk while still held off counts, but the hold-off still holds
+    h = run([LaneError("nic0", 0.0), LaneError("nic0", 0.1), LaneError("nic0", 0.2)])
+    assert h.state is S.DOWN and h.need_evidence
+    h = step(h, ProbeOk("nic0", 0.3), P)
+    assert h.state is S.RECOVERING and h.probes_ok == 1
+    assert tick(h, 1.1, P).state is S.RECOVERING
+    assert tick(h, 1.2, P).state is S.UP  # hold-off (1.2) over, stable since 0.3 + 0.5
+
+
+def test_tcp_trouble_is_suspicion_only() -> None:
+    h = run([TcpSuspect("nic0", 1.0, detail="retransmit")])
+    assert h.state is S.SUSPECT and h.reason == "tcp suspect"
+    h = run([TcpSuspect("nic0", 1.0 + i * 0.01) for i in range(50)])  # never strikes
+    assert h.state is S.SUSPECT and h.strikes == ()
+    assert tick(h, 1.49 + P.suspect_clear_s, P).state is S.UP  # quiet again
+    # the plugins' confirming probe failed: lane errors/timeouts take it down as usual
+    assert step(h, LaneTimeout("nic0", 2.0), P).state is S.DOWN
+
+
+def test_carrier_down_needs_no_probe() -> None:
+    h = run([LaneTimeout("nic0", 0.0), CarrierDown("nic0", 0.1)])
+    assert h.state is S.DOWN and not h.need_evidence  # carrier up will tell
+    h = step(h, CarrierUp("nic0", 5.0), P)
+    assert tick(h, 5.5, P).state is S.UP
+    # a bad lane signal while recovering from carrier loss: now it needs evidence
+    h = run([CarrierDown("nic0", 0.0), CarrierUp("nic0", 2.0), LaneError("nic0", 2.1)])
+    assert h.state is S.DOWN and h.need_evidence
+    h = tick(h, 100.0, P)
     assert h.state is S.RECOVERING
-    h = tick(h, d + P.recover_stable_s, P)
-    assert h.state is S.UP
+    # device fatal (no carrier change) needs evidence too
+    assert run([DeviceFatal("nic0", 0.0)]).need_evidence
 
 
 def test_flapping_carrier_is_damped() -> None:
@@ -262,6 +316,8 @@ KINDS = [
     CounterBreach,
     ProbeOk,
     ProbeFail,
+    TcpSuspect,
+    Suspicion,
 ]
 
 events_st = st.lists(
@@ -299,6 +355,8 @@ def test_invariants(evs: list[tuple[type[Event], float]], p: HealthParams) -> No
             assert h.holdoff_until - t <= p.holdoff_max_s + 1e-9
         if h.state is S.UP and before.state in (S.DOWN, S.RECOVERING):
             assert h.since >= before.holdoff_until - 1e-9  # never back before the hold-off
+            if before.need_evidence:  # a blackhole never recovers on time alone
+                assert kind is ProbeOk or before.probes_ok >= 1
         # ticking before the deadline changes nothing; at the deadline something changes
         d = next_deadline(h, p)
         if d is not None and d > h.t:
@@ -328,8 +386,8 @@ def test_never_gives_up(evs: list[tuple[type[Event], float]], p: HealthParams) -
         d = next_deadline(h, p)
         if d is not None:
             h = tick(h, d, p)
-        if h.state is S.RECOVERING and h.probes_ok < p.recover_probes:
-            for i in range(p.recover_probes):
+        if h.state is S.RECOVERING and h.probes_ok < probes_needed(h, p):
+            for i in range(probes_needed(h, p)):
                 h = step(h, ProbeOk("nic0", h.t + i * 1e-3), p)
     h = tick(h, bound, p)
     assert h.state is S.UP, h

@@ -40,7 +40,7 @@ EVENT_FIELDS: Fields = (
     ("remote_addr", "16s"),
     ("local_ports", f"{MAX_PORTS}H"),
     ("remote_ports", f"{MAX_PORTS}H"),
-    ("reserved", "Q"),
+    ("bytes_replayed", "Q"),
 )
 EVENT = struct_of(EVENT_FIELDS)
 EVENT_SIZE = EVENT.size
@@ -80,6 +80,7 @@ class LaneEvent:
     remote_addr: Address | None = None
     local_ports: tuple[int, ...] = ()
     remote_ports: tuple[int, ...] = ()
+    bytes_replayed: int = 0  # FAILOVER_END (sender side): bytes queued again for replay
 
 
 def _addr_bytes(a: Address | None) -> bytes:
@@ -129,7 +130,7 @@ def encode_event(ev: LaneEvent) -> bytes:
             *([0] * pad),
             *ev.remote_ports,
             *([0] * pad),
-            0,
+            ev.bytes_replayed,
         )
     except struct.error as e:
         raise EventDecodeError("range", str(e)) from e
@@ -163,15 +164,13 @@ def decode_event(data: bytes) -> LaneEvent:
     nic_raw, rnic_raw, laddr, raddr = f[13:17]
     lports = f[17 : 17 + MAX_PORTS]
     rports = f[17 + MAX_PORTS : 17 + 2 * MAX_PORTS]
-    reserved = f[-1]
+    bytes_replayed = f[-1]
     if etype not in EventType._value2member_map_:
         raise EventDecodeError("type", f"type {etype}")
     if nports > MAX_PORTS:
         raise EventDecodeError("nports", f"nports {nports} > {MAX_PORTS}")
     if any(lports[nports:]) or any(rports[nports:]):
         raise EventDecodeError("ports", "ports beyond nports are not zero")
-    if reserved:
-        raise EventDecodeError("reserved", "reserved field is not zero")
     if pid == 0:
         raise EventDecodeError("pid", "pid 0")
     return LaneEvent(
@@ -190,4 +189,5 @@ def decode_event(data: bytes) -> LaneEvent:
         remote_addr=_addr(raddr),
         local_ports=tuple(lports[:nports]),
         remote_ports=tuple(rports[:nports]),
+        bytes_replayed=bytes_replayed,
     )

@@ -1,8 +1,17 @@
-"""``railhop status`` text from a table snapshot (pure: no I/O, the caller passes the time)."""
+"""``railhop status`` text from a table snapshot and the agent's ``status.json`` (connections
+per NIC, recent failovers). Formatting is pure (the caller passes the time); only
+:func:`read_status_doc` reads a file."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 from railhop.control.layout import TableSnapshot
+
+STATUS_FILE = "status.json"
 
 
 def _age(now_ns: int, then_ns: int) -> str:
@@ -26,8 +35,65 @@ def agent_alive(snap: TableSnapshot, now_ns: int, *, stale_ns: int | None = None
     return not snap.agent_gone and not _stale(snap, now_ns, stale_ns)
 
 
-def format_status(snap: TableSnapshot, now_ns: int, *, stale_ns: int | None = None) -> str:
-    """A readable table: agent liveness, then one line per NIC with its plan."""
+def read_status_doc(path: Path) -> dict[str, Any] | None:
+    """The agent's ``status.json`` (written atomically), or None when absent or unreadable."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        return None
+    return doc
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def format_lanes(doc: Mapping[str, Any], now_ns: int, *, recent: int = 8) -> list[str]:
+    """Lines for connections per NIC and the most recent failovers / fail-backs."""
+    nics = doc.get("nics")
+    nics = nics if isinstance(nics, dict) else {}
+    lines = [f"{'NIC':16} {'lanes':>5} {'conns':>5} {'procs':>5}"]
+    for name in sorted(nics):
+        v = nics[name] if isinstance(nics[name], dict) else {}
+        lines.append(
+            f"{name:16} {_int(v.get('lanes')):>5} {_int(v.get('connections')):>5} "
+            f"{_int(v.get('processes')):>5}"
+        )
+    if not nics:
+        lines.append("(no lanes reported by plugins)")
+    events = doc.get("recent")
+    events = [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+    lines.append(
+        f"failovers {_int(doc.get('failovers_total'))}, "
+        f"fail-backs {_int(doc.get('failbacks_total'))}; recent:"
+    )
+    for e in events[-recent:]:
+        dur = e.get("duration_ms")
+        took = f" in {dur:.1f} ms" if isinstance(dur, int | float) else ""
+        err = f" errno {_int(e.get('error'))}" if _int(e.get("error")) else ""
+        if _int(e.get("bytes_replayed")):
+            err += f", {_int(e.get('bytes_replayed'))} B replayed"
+        lines.append(
+            f"  {_age(now_ns, _int(e.get('t_ns'))):>7} ago  {e.get('kind', '?')!s:9} "
+            f"{e.get('nic', '?')!s:16} pid {_int(e.get('pid'))} "
+            f"conn {_int(e.get('conn')):016x}{took}{err}"
+        )
+    if not events:
+        lines.append("  (none)")
+    return lines
+
+
+def format_status(
+    snap: TableSnapshot,
+    now_ns: int,
+    *,
+    stale_ns: int | None = None,
+    lanes: Mapping[str, Any] | None = None,
+) -> str:
+    """A readable table: agent liveness, then one line per NIC with its plan; then, given the
+    same agent's ``status.json`` (``lanes``), connections per NIC and recent failovers."""
     if snap.agent_gone:
         alive = "gone (shut down cleanly)"
     elif _stale(snap, now_ns, stale_ns):
@@ -50,4 +116,7 @@ def format_status(snap: TableSnapshot, now_ns: int, *, stale_ns: int | None = No
             f"{_age(now_ns, n.since_ns):>7} {n.reason.name.lower():14} {n.pci or '-':13} "
             f"{backups or '-'}"
         )
+    if lanes is not None and _int(lanes.get("agent_pid")) == snap.agent_pid:
+        lines.append("")
+        lines += format_lanes(lanes, now_ns)
     return "\n".join(lines)

@@ -1,0 +1,248 @@
+"""The real agent daemon inside an emulated node (root): carrier loss moves every connection on
+the NIC before any timeout, the eBPF carrier signal reaches the daemon with a kernel timestamp
+ahead of netlink's (arrival order at the daemon is a ~0.2 ms race: printed, not asserted), and
+the plugins keep moving checked data when the agent is SIGKILLed, restarted, or its table is
+overwritten with garbage. (A policy file that turns invalid on reload is covered without root
+in tests/unit/test_control_daemon.py.)
+
+The agent runs in node 0's netns serving ``work/run-node0``, the RAILHOP_RUN_DIR the harness
+gives node 0's plugin processes (railhop.harness.HarnessRun). Every byte is checked by the
+harness receiver (``res.ok``: no data error, no request error).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import require
+from railhop import paths
+from railhop.control import NicState, Reason, TableError, read_table
+from railhop.fabric import Fabric, unique_prefix
+from railhop.harness import HarnessConfig, HarnessRun, use_source_tree_build, wait_for_bytes
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+AGENT = """
+import logging, sys
+from pathlib import Path
+from railhop import daemon
+logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                    format="%(asctime)s %(name)s %(levelname)s %(message)s")
+cfg = daemon.AgentConfig(
+    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"),
+    sources=tuple(x for x in sys.argv[2].split(",") if x), heartbeat_ms=100, duration_s=300)
+sys.exit(daemon.run_agent(cfg))
+"""
+
+
+@pytest.fixture(scope="module")
+def fab() -> Iterator[Fabric]:
+    use_source_tree_build()
+    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
+        try:
+            fn()
+        except paths.NotInstalledError as e:
+            require(False, f"{what} not built ({e}); run `make ctest`")
+    with Fabric(nodes=2, nics=4, rate_mbit=200, prefix=unique_prefix("rhag")) as f:
+        yield f
+
+
+def until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+class Agent:
+    def __init__(self, fab: Fabric, run_dir: Path, log: Path, sources: str) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
+        self.log = log
+        with log.open("a") as err:
+            self.proc: subprocess.Popen[Any] = fab.popen(
+                0, [sys.executable, "-c", AGENT, str(run_dir), sources], env, stderr=err
+            )
+        self.table = run_dir / "health.tbl"
+
+    def ready(self, ebpf: bool = False, timeout: float = 240.0) -> None:
+        def ok() -> bool:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            text = self.log.read_text()
+            if ebpf and not re.search(r"source ebpf\.carrier (started|failed)", text):
+                return False
+            return _snap_pid(self.table) == self.proc.pid
+
+        until(ok, timeout, "agent up")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _snap_pid(table: Path) -> int | None:
+    try:
+        return read_table(table).agent_pid
+    except (TableError, OSError):
+        return None
+
+
+def state(table: Path, nic: str) -> tuple[NicState, Reason] | None:
+    try:
+        snap = read_table(table)
+    except (TableError, OSError):
+        return None
+    return next(((n.state, n.reason) for n in snap.nics if n.ifname == nic), None)
+
+
+def conn_bytes(run: HarnessRun, conn: int) -> int:
+    prog = run.sides["recv"].progress
+    return prog[-1].per_conn[conn] if prog else 0
+
+
+def test_carrier_loss_moves_every_connection_before_any_timeout(
+    fab: Fabric, tmp_path: Path
+) -> None:
+    """nic1 of node 0 loses carrier; the completion timeout is 10 s, so only a carrier signal
+    (the agent's table, or the plugin's own carrier check) can move connections 1 and 5 (both
+    on nic1): they must carry data again well before it (< 2 s, replay of in-flight messages
+    at the 200 Mbit/s tbf rate included), and the agent marks nic1 DOWN (carrier)."""
+    work = tmp_path / "work"
+    agent = Agent(fab, work / "run-node0", tmp_path / "agent.log", "netlink,ebpf")
+    try:
+        agent.ready(ebpf=True)
+        cfg = HarnessConfig(
+            conns=8, sizes=(256 * 1024, 4096), inflight=2, duration=7.0, deadline=60.0, seed=3
+        )
+        env = {"RAILHOP_COMPLETION_TIMEOUT": "10000"}
+        with HarnessRun(fab, cfg, env=env, workdir=work) as run:
+            wait_for_bytes(run, 16 * MiB, timeout=30)
+            until(lambda: min(conn_bytes(run, c) for c in (1, 5)) > 0, 10, "lanes on nic1")
+            t0 = time.monotonic()
+            fab.carrier_down(0, 1, end="remote")
+            until(
+                lambda: state(agent.table, "nic1") == (NicState.DOWN, Reason.CARRIER),
+                2,
+                "agent: nic1 down",
+            )
+            marks = {c: conn_bytes(run, c) for c in (1, 5)}
+            until(
+                lambda: all(conn_bytes(run, c) > marks[c] + 256 * 1024 for c in (1, 5)),
+                5,
+                "connections on nic1 moving again",
+            )
+            moved_s = time.monotonic() - t0
+            assert moved_s < 2.0, moved_s  # far below the 10 s completion timeout
+            fab.heal(0, 1)
+            res = run.wait()
+        assert res.ok, res.describe()
+        assert res.recv.summary is not None and res.recv.summary.data_errors == 0
+        log = agent.log.read_text()
+        assert "nic1: up -> down (carrier down)" in log, log[-3000:]
+    finally:
+        agent.stop()
+        fab.heal_all()
+
+
+def test_ebpf_carrier_signal_reaches_the_daemon_before_netlink(fab: Fabric, tmp_path: Path) -> None:
+    agent = Agent(fab, tmp_path / "run", tmp_path / "agent.log", "netlink,ebpf")
+    try:
+        agent.ready(ebpf=True)
+        text = agent.log.read_text()
+        cap = re.search(r"ebpf\.carrier:carrier\s+(attached \(\S+\)|skipped.*)", text)
+        if cap is None or not cap.group(1).startswith("attached"):
+            pytest.skip(f"eBPF carrier hook not attached here: {cap.group(1) if cap else text}")
+
+        def downs() -> list[tuple[str, int]]:
+            pat = r"nic2: carrier_down from (\S+) \(\S+\) ts_ns (\d+)"
+            return [(m[0], int(m[1])) for m in re.findall(pat, agent.log.read_text())]
+
+        def ups() -> int:
+            return agent.log.read_text().count("nic2: carrier_up from")
+
+        def more_downs(n: int) -> Callable[[], bool]:
+            return lambda: len(downs()) >= n
+
+        def more_ups(n: int) -> Callable[[], bool]:
+            return lambda: ups() > n
+
+        order: list[str] = []
+        for cycle in range(5):
+            n_down, n_up = len(downs()), ups()
+            fab.carrier_down(0, 2, end="remote")
+            until(more_downs(n_down + 2), 5, "both sources reported the loss")
+            seen = dict(downs()[n_down:])
+            # the kernel saw it first through eBPF (qdisc_reset runs in linkwatch before the
+            # RTM_NEWLINK is sent); the NIC is DOWN since the eBPF signal's time
+            assert seen.keys() == {"ebpf.carrier", "netlink"}, (cycle, seen)
+            assert seen["ebpf.carrier"] < seen["netlink"], (cycle, seen)
+            until(lambda: state(agent.table, "nic2") == (NicState.DOWN, Reason.CARRIER), 2, "DOWN")
+            first = downs()[n_down][0]
+            order.append(first)
+            snap = read_table(agent.table)
+            since = next(n.since_ns for n in snap.nics if n.ifname == "nic2")
+            if first == "ebpf.carrier":
+                assert since == seen["ebpf.carrier"], (since, seen)
+            fab.heal(0, 2)
+            until(more_ups(n_up), 5, "carrier back up")
+        # arrival order at the daemon: the eBPF record crosses a ring buffer, a poll thread
+        # and the GIL, netlink's message is read on the loop itself; eBPF leads by ~0.2 ms
+        # here, so the arrival order is a race (reported, not asserted)
+        print(f"first at the daemon per cycle: {order}")
+    finally:
+        agent.stop()
+        fab.heal_all()
+
+
+def test_plugins_survive_agent_kill_restart_and_a_corrupt_table(
+    fab: Fabric, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    run_dir = work / "run-node0"
+    log = tmp_path / "agent.log"
+    agent = Agent(fab, run_dir, log, "netlink")
+    agent.ready()
+    cfg = HarnessConfig(conns=4, sizes=(MiB, 4096, 65537), duration=9.0, deadline=60.0, seed=5)
+    try:
+        with HarnessRun(fab, cfg, workdir=work) as run:
+            wait_for_bytes(run, 8 * MiB, timeout=30)
+
+            def flowing(what: str) -> None:
+                mark = run.sides["recv"].progress[-1].bytes
+                until(lambda: run.sides["recv"].progress[-1].bytes > mark + 4 * MiB, 5, what)
+
+            agent.proc.send_signal(signal.SIGKILL)  # no AGENT_GONE: the heartbeat goes stale
+            agent.proc.wait(10)
+            flowing("data after SIGKILL")
+            agent = Agent(fab, run_dir, log, "netlink")  # a restart: new table, generation + 1
+            agent.ready()
+            flowing("data after the restart")
+            with agent.table.open("r+b") as f:  # garbage over the body, NICs and plans
+                f.seek(64)
+                f.write(os.urandom(4096))
+            with pytest.raises(TableError):
+                read_table(agent.table)
+            flowing("data with a corrupt table")
+            res = run.wait()
+        assert res.ok, res.describe()
+        s = res.recv.summary
+        assert s is not None and s.data_errors == 0 and s.bytes > 24 * MiB
+        assert agent.proc.poll() is None, log.read_text()[-2000:]  # the agent is unharmed
+    finally:
+        agent.stop()
