@@ -27,6 +27,7 @@ _Static_assert((int)RH_EVT_FAILBACK == (int)RH_EV_FAILBACK, "event type FAILBACK
 
 static struct rh_ctl *ctl; /* set once by the ticker; read by any thread */
 static bool ctl_failed;
+static bool suspect_by_agent[64]; /* ticker thread only */
 static struct rh_ctl_view view;
 static bool down_by_agent[64];
 /* The plans of the last accepted snapshot, by local NIC index (read by any thread). */
@@ -112,11 +113,52 @@ int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max)
 static void release_all(void)
 {
 	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
+		suspect_by_agent[i] = false;
 		if (down_by_agent[i]) {
 			down_by_agent[i] = false;
 			rh_nic_set_health_from(i, RH_HEALTH_AGENT, true);
 		}
 	}
+}
+
+/* Events that cannot be sent yet (before the first poll opens the control plane, or while the
+ * agent socket is not connected) wait here, bounded: the oldest are kept, later ones dropped
+ * and counted. The ticker retries them in order at every poll. */
+#define RH_EVQ_MAX 64
+static struct rh_lane_event evq[RH_EVQ_MAX];
+static int evq_len;
+static unsigned long evq_dropped;
+static pthread_mutex_t evq_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void enqueue(const struct rh_lane_event *ev)
+{
+	pthread_mutex_lock(&evq_mu);
+	if (evq_len < RH_EVQ_MAX) {
+		evq[evq_len++] = *ev;
+	} else {
+		evq_dropped++;
+	}
+	pthread_mutex_unlock(&evq_mu);
+}
+
+static void flush_queued(struct rh_ctl *c)
+{
+	int sent = 0;
+
+	pthread_mutex_lock(&evq_mu);
+	while (sent < evq_len && rh_ctl_send_event(c, &evq[sent]) != -ENOTCONN) {
+		sent++; /* sent, or dropped for another reason (full socket, bad event) */
+	}
+	if (sent) {
+		memmove(evq, evq + sent, (size_t)(evq_len - sent) * sizeof(evq[0]));
+		evq_len -= sent;
+		if (evq_dropped) {
+			INFO("%lu lane event(s) dropped while the agent was not connected",
+			     evq_dropped);
+			evq_dropped = 0;
+		}
+	}
+	pthread_mutex_unlock(&evq_mu);
 }
 
 void rh_ctl_poll(uint64_t now_ms)
@@ -134,14 +176,21 @@ void rh_ctl_poll(uint64_t now_ms)
 		rc = rh_ctl_open(rh_run_dir(), &o, &c);
 		if (rc == 0) {
 			__atomic_store_n(&ctl, c, __ATOMIC_RELEASE);
+			flush_queued(c);
 		}
 		if (rc < 0) {
 			ctl_failed = true;
+			pthread_mutex_lock(&evq_mu);
+			evq_len = 0;
+			pthread_mutex_unlock(&evq_mu);
 			WARN("agent control plane unavailable (%s): working alone", strerror(-rc));
 			return;
 		}
 	}
 	rh_ctl_refresh(ctl);
+	if (__atomic_load_n(&evq_len, __ATOMIC_RELAXED) > 0) {
+		flush_queued(ctl);
+	}
 	rc = rh_ctl_snapshot(ctl, &view);
 	if (rc < 0) {
 		release_all(); /* no agent (or a corrupt table): local detection only */
@@ -161,6 +210,12 @@ void rh_ctl_poll(uint64_t now_ms)
 		}
 		/* DOWN: move now. RECOVERING: held off by flap damping, not usable yet. */
 		down = view.nics[k].state == RH_NIC_DOWN || view.nics[k].state == RH_NIC_RECOVERING;
+		if (view.nics[k].state == RH_NIC_SUSPECT && !suspect_by_agent[i]) {
+			INFO("agent marks %s suspect (reason %u): probing its lanes",
+			     rh_nic_name(i), view.nics[k].reason);
+			rh_nic_suspect(i);
+		}
+		suspect_by_agent[i] = view.nics[k].state == RH_NIC_SUSPECT;
 		if (down != down_by_agent[i]) {
 			down_by_agent[i] = down;
 			INFO("agent marks %s %s (reason %u)", rh_nic_name(i), down ? "down" : "up",
@@ -170,13 +225,23 @@ void rh_ctl_poll(uint64_t now_ms)
 	}
 }
 
+static void ipv4_mapped(uint8_t out[16], uint32_t ip)
+{
+	memset(out, 0, 16);
+	if (ip) {
+		out[10] = 0xff;
+		out[11] = 0xff;
+		memcpy(out + 12, &ip, 4);
+	}
+}
+
 void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic, int err,
-		       uint64_t duration_ns)
+		       uint64_t duration_ns, const struct rh_lane_info *info)
 {
 	struct rh_ctl *c = __atomic_load_n(&ctl, __ATOMIC_ACQUIRE);
 	struct rh_lane_event ev;
 
-	if (!c || lnic < 0 || lnic >= rh_nic_count()) {
+	if (lnic < 0 || lnic >= rh_nic_count() || (!c && ctl_failed)) {
 		return;
 	}
 	rh_lane_event_init(&ev, (uint16_t)type);
@@ -186,5 +251,21 @@ void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane
 	ev.error = err < 0 ? -err : err;
 	ev.duration_ns = duration_ns;
 	snprintf(ev.nic, sizeof(ev.nic), "%s", rh_nic_name(lnic));
-	rh_ctl_send_event(c, &ev);
+	if (info) {
+		int n = info->nports < RH_EV_MAX_PORTS ? info->nports : RH_EV_MAX_PORTS;
+
+		snprintf(ev.remote_nic, sizeof(ev.remote_nic), "%s", info->rnic);
+		ipv4_mapped(ev.local_addr, info->laddr);
+		ipv4_mapped(ev.remote_addr, info->raddr);
+		ev.nports = (uint16_t)(n > 0 ? n : 0);
+		for (int i = 0; i < n; i++) {
+			ev.local_ports[i] = info->lports[i];
+			ev.remote_ports[i] = info->rports[i];
+		}
+		ev.bytes_replayed = info->bytes_replayed;
+	}
+	if (!c || __atomic_load_n(&evq_len, __ATOMIC_RELAXED) > 0 ||
+	    rh_ctl_send_event(c, &ev) == -ENOTCONN) {
+		enqueue(&ev); /* keeps the order: queued ones go first */
+	}
 }

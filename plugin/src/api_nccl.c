@@ -118,13 +118,17 @@ static ncclResult_t devices_v8(int *ndev)
 		(p)->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION; \
 	} while (0)
 
-#define FILL_V9(p, dev)                                     \
-	do {                                                \
-		(p)->forceFlush = 0;                        \
-		(p)->vProps.ndevs = 1;                      \
-		(p)->vProps.devs[0] = (dev);                \
-		(p)->maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES; \
-		(p)->maxCollBytes = NCCL_MAX_COLLNET_SIZE;  \
+/* test() reports sizes as int: one message must stay below 2 GiB, so NCCL is told 1 GiB (as
+ * its own MAX_NET_SIZE for v8 plugins) and splits larger transfers. */
+#define RH_MAX_P2P_BYTES NCCL_MAX_NET_SIZE_V8
+
+#define FILL_V9(p, dev)                                    \
+	do {                                               \
+		(p)->forceFlush = 0;                       \
+		(p)->vProps.ndevs = 1;                     \
+		(p)->vProps.devs[0] = (dev);               \
+		(p)->maxP2pBytes = RH_MAX_P2P_BYTES;       \
+		(p)->maxCollBytes = NCCL_MAX_COLLNET_SIZE; \
 	} while (0)
 
 static ncclResult_t getProperties_v8(int dev, ncclNetProperties_v8_t *props)

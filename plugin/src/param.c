@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include "log.h"
@@ -18,8 +19,9 @@ struct rh_params rh_param = {
 };
 
 /* RAILHOP_* variables used by other railhop components (not plugin parameters). */
-static const char *const other_names[] = { "PLUGIN_PATH", "HARNESS_PATH", "HARNESS_VERBOSE",
-					   "POLICY",	  "TEST",	  NULL };
+static const char *const other_names[] = { "PLUGIN_PATH",  "HARNESS_PATH", "HARNESS_VERBOSE",
+					   "POLICY",	   "TEST",	   "METRICS_PORT",
+					   "METRICS_ADDR", "TRACE_FILE",   NULL };
 
 int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
 {
@@ -159,12 +161,19 @@ int rh_params_load(void)
 		     rh_param.DISTANCE_LIMIT);
 		rc = -EINVAL;
 	}
+	if (rh_param.NTHREADS == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+		rh_param.NTHREADS = n < 1 ? 1 : n > 8 ? 8 : n;
+		INFO("RAILHOP_NTHREADS=0: %lld I/O threads (online CPUs, at most 8)",
+		     (long long)rh_param.NTHREADS);
+	}
 	if (rh_param.STREAMS_PER_LANE < 1 || rh_param.STREAMS_PER_LANE > 16 ||
 	    rh_param.NTHREADS < 1 || rh_param.NTHREADS > 64 || rh_param.CHUNK_SIZE < 4096 ||
 	    rh_param.CHUNK_SIZE > (64 << 20) || rh_param.COMPLETION_TIMEOUT < 10 ||
 	    rh_param.PROBE_TIMEOUT < 10 || rh_param.FAILBACK_INTERVAL < 10 ||
 	    rh_param.BACKUP_LANES < 1 || rh_param.BACKUP_LANES > 8) {
-		WARN("parameter out of range (STREAMS_PER_LANE 1..16, NTHREADS 1..64, CHUNK_SIZE "
+		WARN("parameter out of range (STREAMS_PER_LANE 1..16, NTHREADS 0..64, CHUNK_SIZE "
 		     "4096..64MiB, timeouts >= 10 ms, BACKUP_LANES 1..8)");
 		rc = -EINVAL;
 	}

@@ -10,36 +10,44 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define RH_PARAMS(X)                                                                          \
-	/* NICs to use: "ifname[:rail],..."; empty = auto-detect (up, non-loopback, IPv4). */ \
-	X(NICS, str, "", "NIC list ifname[:rail],...; empty = auto-detect")                   \
-	/* TCP streams per lane (primary lane); backup lanes get half, at least 1. */         \
-	X(STREAMS_PER_LANE, int, 4, "TCP streams per lane")                                   \
-	/* Bytes per chunk: the unit of striping, placement and replay. */                    \
-	X(CHUNK_SIZE, int, 524288, "chunk size in bytes")                                     \
-	/* I/O worker threads (epoll) shared by all connections of the process. */            \
-	X(NTHREADS, int, 4, "I/O worker threads")                                             \
-	/* No progress on cleared-to-send data for this long (ms) makes a lane suspect. */    \
-	X(COMPLETION_TIMEOUT, int, 1000, "completion timeout, ms")                            \
-	/* Deadline (ms) of a probe or a new lane's handshake round trip. */                  \
-	X(PROBE_TIMEOUT, int, 300, "probe / lane handshake timeout, ms")                      \
-	/* How often (ms) a failed original pair is probed for fail-back. */                  \
-	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                       \
-	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */           \
-	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                      \
-	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                \
-	X(RAIL_RULE, str, "same", "rail rule: same|any")                                      \
-	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */         \
-	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                \
-	/* Most backup lanes a connection spreads over when its pair fails. */                \
-	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                            \
-	/* Agent rendezvous directory (health table, socket). */                              \
-	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                \
-	/* Prefix for /sys reads (tests point it at fixture trees). */                        \
-	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                           \
-	/* SO_SNDBUF/SO_RCVBUF of lane sockets in bytes (0 = kernel default). */              \
-	X(SOCKBUF, int, 4194304, "lane socket buffer size")                                   \
-	/* Local carrier poll interval (ms, 0 = off). */                                      \
+#define RH_PARAMS(X)                                                                             \
+	/* NICs to use: "ifname[:rail],..."; empty = auto-detect (up, non-loopback, IPv4). */    \
+	X(NICS, str, "", "NIC list ifname[:rail],...; empty = auto-detect")                      \
+	/* TCP streams per lane (primary lane); backup lanes get their share by weight, at    \
+	 * least 1. 8: on a fast (unlimited veth, 2x H200 host) link 8 streams and 8 threads  \
+	 * reached 1.10x NCCL Socket 4x4 where 4x4 reached 0.51x; on slow (200 Mbit/s) NICs   \
+	 * 8 streams with kernel-sized buffers fill the link as 4 did (bench/, BENCHMARKS). */  \
+	X(STREAMS_PER_LANE, int, 8, "TCP streams per lane")                                      \
+	/* Bytes per chunk: the unit of striping, placement and replay. */                       \
+	X(CHUNK_SIZE, int, 524288, "chunk size in bytes")                                        \
+	/* I/O worker threads (epoll) shared by all connections of the process. 0 = auto:    \
+	 * one per online CPU, at most 8 (throughput on fast links is bound by these threads; \
+	 * more threads than CPUs only add switching; 8 was the measured winner above). */   \
+	X(NTHREADS, int, 0, "I/O worker threads, 0 = online CPUs capped at 8")                   \
+	/* No progress on cleared-to-send data for this long (ms) makes a lane suspect. */       \
+	X(COMPLETION_TIMEOUT, int, 1000, "completion timeout, ms")                               \
+	/* Deadline (ms) of a probe or a new lane's handshake round trip. */                     \
+	X(PROBE_TIMEOUT, int, 300, "probe / lane handshake timeout, ms")                         \
+	/* How often (ms) a failed original pair is probed for fail-back. */                     \
+	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                          \
+	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */              \
+	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                         \
+	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                   \
+	X(RAIL_RULE, str, "same", "rail rule: same|any")                                         \
+	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */            \
+	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                   \
+	/* Most backup lanes a connection spreads over when its pair fails. */                   \
+	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                               \
+	/* Agent rendezvous directory (health table, socket). */                                 \
+	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                   \
+	/* Prefix for /sys reads (tests point it at fixture trees). */                           \
+	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                              \
+	/* SO_SNDBUF/SO_RCVBUF of lane sockets in bytes. 0 = the kernel's autotuning, which    \
+	 * sizes each buffer to the path's bandwidth-delay product (so to the NIC's real       \
+	 * speed, also behind a shaper the plugin cannot see): a fixed 4 MiB per stream queued \
+	 * ~0.7 s at 200 Mbit/s and got healthy lanes failed. A fixed size disables autotuning. */ \
+	X(SOCKBUF, int, 0, "lane socket buffer size, 0 = kernel autotuning")                     \
+	/* Local carrier poll interval (ms, 0 = off). */                                         \
 	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")
 
 struct rh_params {

@@ -2,8 +2,8 @@
 /*
  * USDT probes (provider "railhop"): free when not traced.
  *   lane_up(conn_id, lane_id, lnic, rnic)     lane_down(conn_id, lane_id, lnic, err)
- *   failover_start(conn_id, lane_id, err)     failover_end(conn_id, epoch, nactive)
- *   failback(conn_id, lane_id)
+ *   failover_start(conn_id, lane_id, err)     failover_end(conn_id, epoch, nactive, bytes_replayed)
+ *   failback(conn_id, lane_id)                lane_suspect(conn_id, lane_id, lnic)
  *   req_done(lane, bytes, latency_ns): lane = id of the lane that delivered the last chunk
  *   (receiver) or the acknowledgement (sender); a message may be striped over several lanes.
  */

@@ -48,6 +48,9 @@ int rh_close_listen(void *listen_comm);
 enum rh_health_src { RH_HEALTH_API = 1, RH_HEALTH_CARRIER = 2, RH_HEALTH_AGENT = 4 };
 void rh_nic_set_health(int nic, bool up); /* RH_HEALTH_API */
 void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up);
+/* A soft signal (the agent's SUSPECT): run the confirming probe on every lane using local NIC
+ * nic now and move the lanes whose probe fails, without waiting for the completion timeout. */
+void rh_nic_suspect(int nic);
 int rh_nic_count(void);
 const char *rh_nic_name(int nic);
 const char *rh_run_dir(void);
@@ -73,7 +76,15 @@ struct rh_plan_entry {
 	int weight;
 };
 int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max);
+/* What a lane event says about the lane beyond its ids (all optional, zero = unknown). */
+struct rh_lane_info {
+	uint32_t laddr, raddr; /* IPv4, network order */
+	char rnic[16]; /* the peer's NIC as this side knows it (its address) */
+	int nports; /* TCP streams: local/remote ports, host order */
+	uint16_t lports[8], rports[8];
+	uint64_t bytes_replayed; /* FAILOVER_END (sender): bytes queued again for replay */
+};
 void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic, int err,
-		       uint64_t duration_ns);
+		       uint64_t duration_ns, const struct rh_lane_info *info);
 
 #endif

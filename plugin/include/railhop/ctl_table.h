@@ -254,7 +254,7 @@ struct rh_lane_event {
 	uint8_t remote_addr[16];
 	uint16_t local_ports[RH_EV_MAX_PORTS]; /* host byte order; unused entries 0 */
 	uint16_t remote_ports[RH_EV_MAX_PORTS];
-	uint64_t reserved; /* 0 */
+	uint64_t bytes_replayed; /* FAILOVER_END (sender side): bytes queued again; else 0 */
 };
 
 _Static_assert(sizeof(struct rh_lane_event) == 160, "event size");
@@ -277,6 +277,6 @@ _Static_assert(offsetof(struct rh_lane_event, local_addr) == 88, "ev local_addr"
 _Static_assert(offsetof(struct rh_lane_event, remote_addr) == 104, "ev remote_addr");
 _Static_assert(offsetof(struct rh_lane_event, local_ports) == 120, "ev local_ports");
 _Static_assert(offsetof(struct rh_lane_event, remote_ports) == 136, "ev remote_ports");
-_Static_assert(offsetof(struct rh_lane_event, reserved) == 152, "ev reserved");
+_Static_assert(offsetof(struct rh_lane_event, bytes_replayed) == 152, "ev bytes_replayed");
 
 #endif /* RAILHOP_CTL_TABLE_H */

@@ -3,7 +3,10 @@
  * The data path of a connection: requests (isend/irecv/test), clear-to-send, chunk placement,
  * acknowledgements, control frames; transport callbacks. Failure handling is in failover.c.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -183,10 +186,38 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 	return l->ops->open(l, &h, c->id, c->epoch, r->ipv4, r->port);
 }
 
+void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
+			uint64_t duration_ns, uint64_t bytes_replayed)
+{
+	struct rh_lane_info info = { .bytes_replayed = bytes_replayed };
+	int lnic = l ? l->lnic : c->lnic_orig, rnic = l ? l->rnic : c->rnic_orig;
+	uint32_t rip;
+
+	if (lnic < 0 || lnic >= rh_g.nnics) {
+		return;
+	}
+	info.laddr = rh_g.nics[lnic].ipv4;
+	if (rnic >= 0 && rnic < c->nrnics) {
+		rip = ntohl(c->rnics[rnic].ipv4);
+		info.raddr = c->rnics[rnic].ipv4;
+		snprintf(info.rnic, sizeof(info.rnic), "%u.%u.%u.%u", rip >> 24, (rip >> 16) & 255,
+			 (rip >> 8) & 255, rip & 255);
+	}
+	if (l && l->tp && l->ops->ports) {
+		info.nports = l->ops->ports(l, info.lports, info.rports, 8);
+	}
+	rh_ctl_lane_event(type, c->id, c->epoch, l ? l->id : 0, lnic, err, duration_ns, &info);
+}
+
 void rh_conn_fence_lane(struct rh_conn *c, struct rh_lane *l)
 {
 	if (l->state == RH_LANE_DEAD) {
 		return;
+	}
+	if (c->ready &&
+	    (atomic_load(&c->closed) || (l->state == RH_LANE_DRAINING && l->bye_sent))) {
+		/* closed on purpose (connection close, fail-back retirement) */
+		rh_conn_lane_event(c, l, RH_EVT_LANE_DOWN, 0, 0, 0);
 	}
 	l->state = RH_LANE_DEAD;
 	if (l->tp) {
@@ -870,7 +901,7 @@ int rh_test(void *request, int *done, int *sizes)
 		if (s->acked) {
 			*done = 1;
 			if (sizes) {
-				sizes[0] = (int)s->size;
+				sizes[0] = s->size > INT_MAX ? INT_MAX : (int)s->size;
 			}
 			s->used = false;
 		} else if (c->err) {
@@ -884,7 +915,7 @@ int rh_test(void *request, int *done, int *sizes)
 		} else if (q->complete) {
 			*done = 1;
 			for (int s = 0; sizes && s < q->n; s++) {
-				sizes[s] = (int)q->total[s];
+				sizes[s] = q->total[s] > INT_MAX ? INT_MAX : (int)q->total[s];
 			}
 			q->used = false;
 			c->nrecv_out--;

@@ -69,6 +69,7 @@ struct rh_fo {
 	bool active; /* a move is in progress */
 	uint64_t t_detect_ms; /* first detection of the current move */
 	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
+	int reprobes; /* rounds of pairs re-probed after all of them failed, this move */
 	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
 	int ndead;
 	uint32_t dead[RH_MAX_DEAD];
@@ -176,10 +177,15 @@ void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
 int rh_conn_start_connect(struct rh_conn *c); /* locked */
 
 /* failover.c */
+/* Report a lane event to the agent (l may be NULL: the connection's original pair). */
+void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
+			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
+/* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */
+void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
 void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */

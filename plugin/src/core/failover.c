@@ -226,11 +226,17 @@ static bool primary_alive(struct rh_conn *c)
 	return false;
 }
 
+/* Most pairs tried at once when nothing carries the traffic any more: the candidate pairs are
+ * all opened (each handshake is the pair's health probe) in parallel, so escalation takes one
+ * probe round (plus one re-probe), not one round per BACKUP_LANES pairs. */
+#define RH_PAR_PROBES 8
+
 /* Open backup lanes so the moved traffic spreads over the best healthy pairs. */
 static void open_backups(struct rh_conn *c)
 {
-	struct rh_pair p[RH_MAX_NICS];
-	int want, have, n;
+	struct rh_pair p[RH_PAR_PROBES];
+	uint64_t now = rh_now_ms();
+	int want, have, n, deadline = 2 * (int)rh_param.PROBE_TIMEOUT;
 
 	if (primary_alive(c)) {
 		return;
@@ -252,13 +258,21 @@ static void open_backups(struct rh_conn *c)
 		struct rh_lane *l = c->lanes[i];
 
 		if (l->state == RH_LANE_ACTIVE) {
-			have += !(l->tp && l->ops->stalled(l, rh_now_ms(),
-							   (int)rh_param.COMPLETION_TIMEOUT / 4));
+			have += !(l->tp &&
+				  l->ops->stalled(l, now, (int)rh_param.COMPLETION_TIMEOUT / 4));
 		} else {
 			have += l->state == RH_LANE_OPENING && l->opener;
 		}
 	}
 	want = (int)rh_param.BACKUP_LANES;
+	if (have == 0 && c->fo.active) {
+		/* Nothing left: try every candidate pair at once, each within the probe timeout. */
+		want = RH_PAR_PROBES;
+		deadline = (int)rh_param.PROBE_TIMEOUT;
+	}
+	if (want > RH_PAR_PROBES) {
+		want = RH_PAR_PROBES;
+	}
 	if (have >= want) {
 		return;
 	}
@@ -266,10 +280,16 @@ static void open_backups(struct rh_conn *c)
 	if (n == 0) {
 		n = rank(c, p, want - have);
 	}
-	if (n == 0 && have == 0 && c->fo.active &&
-	    rh_now_ms() + 2 * (uint64_t)rh_param.PROBE_TIMEOUT < c->fo.t_escalate_ms) {
-		/* Nothing healthy left but time remains: retry pairs that failed recently. */
+	if (n == 0 && have == 0 && c->fo.active && c->fo.reprobes < 1 &&
+	    now + (uint64_t)rh_param.PROBE_TIMEOUT <= c->fo.t_escalate_ms) {
+		/* Every candidate failed its probe: probe them all once more before giving up (a
+		 * probe lost to congestion must not end the connection). */
+		c->fo.reprobes++;
 		n = rank_ex(c, p, want, true);
+		if (n) {
+			INFO("conn %016llx: every backup pair failed, re-probing %d",
+			     (unsigned long long)c->id, n);
+		}
 	}
 	for (int i = 0; i < n; i++) {
 		int ns = (int)rh_param.STREAMS_PER_LANE * p[i].weight / 8;
@@ -284,10 +304,10 @@ static void open_backups(struct rh_conn *c)
 		}
 		c->next_lane_id += 2;
 		l->weight = p[i].weight;
-		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, 2 * (int)rh_param.PROBE_TIMEOUT) < 0) {
+		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, deadline) < 0) {
 			l->state = RH_LANE_DEAD;
 			c->fo.bad_until_ms[p[i].local][p[i].remote] =
-				rh_now_ms() + (uint64_t)rh_param.FAILBACK_INTERVAL;
+				now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 		}
 	}
 }
@@ -311,9 +331,9 @@ static void send_notify(struct rh_conn *c)
 		c->epoch++;
 		rh_conn_queue_resume(c);
 		c->fo.active = false;
-		RH_PROBE3(failover_end, c->id, c->epoch, rh_conn_active_lanes(c));
-		rh_ctl_lane_event(RH_EVT_FAILOVER_END, c->id, c->epoch, 0, c->lnic_orig, 0,
-				  (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull);
+		RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
+		rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
+				   (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull, 0);
 		INFO("conn %016llx (recv): resume record sent, epoch %u", (unsigned long long)c->id,
 		     c->epoch);
 	}
@@ -324,10 +344,10 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 	if (c->err || count_state(c, RH_LANE_ACTIVE) > 0) {
 		return;
 	}
-	/* Fail when nothing is left to try, or (hard bound) when lanes still being opened or
-	 * probed have had a full handshake deadline past the escalation time. */
+	/* Fail when nothing is left to try (every pair failed its probe and its re-probe), or
+	 * (hard bound) a completion timeout after the last confirmed lane failure. */
 	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
-	    now >= c->fo.t_escalate_ms + 2 * (uint64_t)rh_param.PROBE_TIMEOUT) {
+	    now >= c->fo.t_escalate_ms) {
 		rh_conn_fail(c, any_local_up() ? -EHOSTUNREACH : -ENETDOWN,
 			     "no compatible NIC pair left");
 	}
@@ -344,14 +364,18 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	if (l->state == RH_LANE_DEAD) {
 		return;
 	}
+	if (!graceful && !c->err && !atomic_load(&c->closed)) {
+		/* before the fence: the transport still knows the lane's ports */
+		rh_conn_lane_event(c, l,
+				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
+									 RH_EVT_LANE_ERROR,
+				   err, 0, 0);
+	}
 	rh_conn_fence_lane(c, l);
 	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}
-	rh_ctl_lane_event(err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
-								RH_EVT_LANE_ERROR,
-			  c->id, c->epoch, l->id, l->lnic, err, 0);
 	WARN("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
@@ -395,12 +419,12 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		 * traffic: with no compatible pair left that is within 2x the completion timeout
 		 * of the last progress. */
 		c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+		c->fo.reprobes = 0;
 		if (!c->fo.active) {
 			c->fo.active = true;
 			c->fo.t_detect_ms = now;
 			RH_PROBE3(failover_start, c->id, l->id, err);
-			rh_ctl_lane_event(RH_EVT_FAILOVER_START, c->id, c->epoch, l->id, l->lnic,
-					  err, 0);
+			rh_conn_lane_event(c, l, RH_EVT_FAILOVER_START, err, 0, 0);
 		}
 		c->fo.notify = true;
 		if (c->is_send) {
@@ -427,13 +451,35 @@ void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l)
 			}
 		}
 		RH_PROBE2(failback, c->id, l->id);
-		rh_ctl_lane_event(RH_EVT_FAILBACK, c->id, c->epoch, l->id, l->lnic, 0, 0);
+		rh_conn_lane_event(c, l, RH_EVT_FAILBACK, 0, 0, 0);
 		INFO("conn %016llx: fail-back to %s -> peer NIC %d", (unsigned long long)c->id,
 		     rh_g.nics[l->lnic].ifname, l->rnic);
 	}
 	rh_conn_pick_ctrl_lane(c);
 	send_notify(c);
 	rh_conn_kick_data(c);
+}
+
+/* The ticker's view of bytes moving on a lane (either direction). */
+static void track_progress(struct rh_lane *l, uint64_t now)
+{
+	uint64_t p;
+
+	if (!l->tp || !l->ops->progress) {
+		return;
+	}
+	p = l->ops->progress(l);
+	if (p != l->progress_mark || !l->t_progress_ms) {
+		l->progress_mark = p;
+		l->t_progress_ms = now;
+	}
+}
+
+/* A suspect lane whose probe failed but whose transport moved bytes since the probe started is
+ * slow (queued behind a full link, a probe lost to congestion), not dead. */
+static bool moved_since_suspect(struct rh_lane *l)
+{
+	return l->tp && l->ops->progress && l->ops->progress(l) != l->suspect_mark;
 }
 
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
@@ -472,9 +518,9 @@ void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
 			/* The pair answers at once but this lane's transport is stuck (e.g. TCP in
 			 * retransmission backoff after a flap): replace it, the pair stays good. */
 			rh_fo_lane_failed(c, l, -ESTALE, "stuck although the pair answers");
-		} else if (ok) {
-			INFO("conn %016llx: lane %u slow but alive (probe answered)",
-			     (unsigned long long)c->id, l->id);
+		} else if (ok || moved_since_suspect(l)) {
+			INFO("conn %016llx: lane %u slow but alive (%s)", (unsigned long long)c->id,
+			     l->id, ok ? "probe answered" : "bytes still moving");
 			l->state = RH_LANE_ACTIVE;
 			l->t_suspect_ms = now; /* grace: a full timeout before suspecting again */
 			rh_conn_kick_data(c);
@@ -504,7 +550,10 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 	}
 	for (int k = 0; k < ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
-			if (c->lanes[i]->id == dead[k]) {
+			if (c->lanes[i]->id == dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
+				/* the peer timed out on it: this NIC's agent hears of it too */
+				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -ETIMEDOUT,
+						   0, 0);
 				rh_conn_fence_lane(c, c->lanes[i]);
 			}
 		}
@@ -523,6 +572,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	struct rh_resume *r;
 	struct rh_sreq *list[RH_RING * RH_MAX_RECVS];
 	int n = 0, replayed = 0, acked = 0;
+	uint64_t replayed_bytes = 0;
 
 	if (h->epoch < c->resume_epoch || (h->epoch == c->resume_epoch && !c->await_resume)) {
 		return;
@@ -539,6 +589,8 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	for (int k = 0; k < r->ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
 			if (c->lanes[i]->id == r->dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
+				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -ETIMEDOUT,
+						   0, 0);
 				rh_conn_fence_lane(c, c->lanes[i]);
 				if (c->lanes[i]->primary) {
 					c->fo.primary_lost = true;
@@ -603,6 +655,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			continue;
 		}
 		s->next_chunk = 0;
+		replayed_bytes += s->size;
 		list[n++] = s;
 	}
 	qsort(list, n, sizeof(list[0]), cmp_sreq);
@@ -621,9 +674,9 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	c->await_resume = false;
 	c->fo.active = false;
 	c->fo.notify = false;
-	RH_PROBE3(failover_end, c->id, c->epoch, rh_conn_active_lanes(c));
-	rh_ctl_lane_event(RH_EVT_FAILOVER_END, c->id, c->epoch, 0, c->lnic_orig, 0,
-			  (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull);
+	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
+	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
+			   (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull, replayed_bytes);
 	INFO("conn %016llx (send): resumed at epoch %u: %d confirmed, %d replayed on %d lanes",
 	     (unsigned long long)c->id, c->epoch, acked, replayed, rh_conn_active_lanes(c));
 	rh_conn_kick_data(c);
@@ -641,6 +694,23 @@ static bool drained(struct rh_conn *c, uint32_t retire_gen)
 	return true;
 }
 
+void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why)
+{
+	if (c->err || atomic_load(&c->closed) || !l->tp ||
+	    (l->state != RH_LANE_ACTIVE && l->state != RH_LANE_DRAINING) || l->bye_sent) {
+		return;
+	}
+	l->state = RH_LANE_SUSPECT;
+	l->t_suspect_ms = rh_now_ms();
+	l->suspect_mark = l->ops->progress ? l->ops->progress(l) : 0;
+	l->probe_cookie = cookie_new();
+	RH_PROBE3(lane_suspect, c->id, l->id, l->lnic);
+	if (l->ops->probe(c, l->lnic, c->rnics[l->rnic].ipv4, c->rnics[l->rnic].port,
+			  l->probe_cookie, (int)rh_param.PROBE_TIMEOUT) < 0) {
+		rh_fo_lane_failed(c, l, -ETIMEDOUT, why);
+	}
+}
+
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
 {
 	int timeout = (int)rh_param.COMPLETION_TIMEOUT;
@@ -656,6 +726,9 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
 
+		if (l->state == RH_LANE_ACTIVE || l->state == RH_LANE_DRAINING) {
+			track_progress(l, now);
+		}
 		switch (l->state) {
 		case RH_LANE_OPENING:
 			if (now > l->t_deadline_ms) {
@@ -688,22 +761,21 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			    (l->ops->stalled(l, now, early) ||
 			     (l->state == RH_LANE_ACTIVE && l == c->ctrl_lane &&
 			      rh_conn_rx_waiting(c) &&
-			      now - c->t_rx_progress_ms >= (uint64_t)early))) {
-				l->state = RH_LANE_SUSPECT;
-				l->t_suspect_ms = now;
-				l->probe_cookie = cookie_new();
+			      now - c->t_rx_progress_ms >= (uint64_t)early &&
+			      now - l->t_progress_ms >= (uint64_t)early))) {
 				INFO("conn %016llx: lane %u made no progress for %d ms, probing",
 				     (unsigned long long)c->id, l->id, early);
-				if (l->ops->probe(c, l->lnic, c->rnics[l->rnic].ipv4,
-						  c->rnics[l->rnic].port, l->probe_cookie,
-						  (int)rh_param.PROBE_TIMEOUT) < 0) {
-					rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe failed");
-				}
+				rh_fo_confirm(c, l, "no progress");
 			}
 			break;
 		case RH_LANE_SUSPECT:
 			if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
-				rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe timed out");
+				if (moved_since_suspect(l)) {
+					l->state = RH_LANE_ACTIVE;
+					l->t_suspect_ms = now;
+				} else {
+					rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe timed out");
+				}
 			}
 			break;
 		default:

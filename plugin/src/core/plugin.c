@@ -406,11 +406,15 @@ int rh_close_listen(void *listen_comm)
 		drop->ready_head = c->lnext;
 		close_conn(c);
 	}
-	/* Pending (not yet ready) connections of this listener: detach them. */
+	/* Pending (not yet ready) connections of this listener: nobody can accept them any
+	 * more. Fail them so the ticker drops them (they would leak otherwise). */
 	pthread_mutex_lock(&rh_g.mu);
 	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
 		if (c->listen == l && !c->accepted) {
+			pthread_mutex_lock(&c->mu);
 			c->listen = NULL;
+			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
+			pthread_mutex_unlock(&c->mu);
 		}
 	}
 	pthread_mutex_unlock(&rh_g.mu);
@@ -530,7 +534,7 @@ void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 	}
 	l->state = RH_LANE_ACTIVE;
 	RH_PROBE4(lane_up, c->id, l->id, l->lnic, l->rnic);
-	rh_ctl_lane_event(RH_EVT_LANE_UP, c->id, c->epoch, l->id, l->lnic, 0, 0);
+	rh_conn_lane_event(c, l, RH_EVT_LANE_UP, 0, 0, 0);
 	INFO("conn %016llx (%s): lane %u up %s -> peer NIC %d%s", (unsigned long long)c->id,
 	     c->is_send ? "send" : "recv", l->id, rh_g.nics[l->lnic].ifname, l->rnic,
 	     l->primary ? " (primary)" : "");
@@ -538,6 +542,9 @@ void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 		c->ready = true;
 		rh_conn_pick_ctrl_lane(c);
 		push = !c->is_send && c->listen;
+		if (!c->is_send && !c->listen) {
+			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
+		}
 	} else {
 		rh_fo_lane_up(c, l);
 	}
@@ -643,6 +650,36 @@ void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
 	}
 }
 
+void rh_nic_suspect(int nic)
+{
+	struct rh_conn *list[1024];
+	int n = 0;
+
+	if (nic < 0 || nic >= rh_g.nnics) {
+		return;
+	}
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
+		rh_conn_get(c);
+		list[n++] = c;
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	for (int i = 0; i < n; i++) {
+		struct rh_conn *c = list[i];
+
+		pthread_mutex_lock(&c->mu);
+		for (int k = 0; k < c->nlanes && !c->err; k++) {
+			struct rh_lane *l = c->lanes[k];
+
+			if (l->lnic == nic) {
+				rh_fo_confirm(c, l, "probe failed (NIC suspect)");
+			}
+		}
+		pthread_mutex_unlock(&c->mu);
+		rh_core_conn_put(c);
+	}
+}
+
 void rh_nic_set_health(int nic, bool up)
 {
 	rh_nic_set_health_from(nic, RH_HEALTH_API, up);
@@ -720,8 +757,11 @@ static void *ticker(void *arg)
 				}
 			} else {
 				rh_fo_tick(c, now);
-				if (c->err && !c->is_send && !c->ready && c->registered) {
-					registry_del(c); /* half-open incoming connection */
+				if (c->err && !c->is_send && c->registered && !c->accepted &&
+				    (!c->ready || !c->listen)) {
+					/* half-open incoming connection, or one its listener
+					 * will never hand out */
+					registry_del(c);
 					drop = true;
 				}
 			}

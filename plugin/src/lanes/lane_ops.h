@@ -47,6 +47,9 @@ struct rh_lane {
 	uint64_t t_deadline_ms; /* OPENING: handshake deadline */
 	uint64_t t_suspect_ms; /* SUSPECT: when the confirming probe started */
 	uint64_t probe_cookie; /* SUSPECT: the probe's cookie */
+	uint64_t progress_mark; /* ops->progress() at the last change seen by the ticker */
+	uint64_t t_progress_ms; /* when the ticker last saw ops->progress() move */
+	uint64_t suspect_mark; /* SUSPECT: ops->progress() when the probe started */
 	bool bye_sent; /* DRAINING: retirement announced to the peer */
 	int neof; /* streams closed in order by the peer */
 	void *tp; /* transport state; NULL once the transport released the lane */
@@ -83,6 +86,13 @@ struct lane_ops {
 	/* True when the lane has had data outstanding with no transport-level progress (TCP:
 	 * no new acknowledged bytes while bytes are unacknowledged) for timeout_ms. Locked. */
 	bool (*stalled)(struct rh_lane *lane, uint64_t now_ms, int timeout_ms);
+	/* Bytes the transport has moved on the lane in either direction (TCP: acknowledged plus
+	 * received, over every stream): a monotonic counter; "no progress" means it stands
+	 * still. Locked. */
+	uint64_t (*progress)(struct rh_lane *lane);
+	/* Local and remote ports (host order) of the lane's streams, for the agent's per-socket
+	 * probes; returns how many (<= max), 0 when the transport has none. Locked. */
+	int (*ports)(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, int max);
 	/* Probe the (local NIC lnic, ip:port) pair: a handshake round trip with deadline
 	 * timeout_ms; the result arrives as rh_core_probe_done(conn, cookie, ok). Locked. */
 	int (*probe)(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,

@@ -399,6 +399,53 @@ static bool tcp_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 	return false;
 }
 
+static uint64_t tcp_progress(struct rh_lane *lane)
+{
+	struct tcp_lane *tl = lane->tp;
+	uint64_t sum = 0;
+
+	if (!tl) {
+		return 0;
+	}
+	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
+		struct tcp_stream *s = tl->s[i];
+		struct tcp_info ti;
+		socklen_t len = sizeof(ti);
+
+		if (!s || s->fd < 0 || s->state != ST_READY) {
+			continue;
+		}
+		if (getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0) {
+			sum += ti.tcpi_bytes_acked + ti.tcpi_bytes_received;
+		}
+	}
+	return sum;
+}
+
+static int tcp_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, int max)
+{
+	struct tcp_lane *tl = lane->tp;
+	int n = 0;
+
+	if (!tl) {
+		return 0;
+	}
+	for (int i = 0; i < TCP_MAX_STREAMS && n < max; i++) {
+		struct tcp_stream *s = tl->s[i];
+		struct sockaddr_in a, b;
+		socklen_t la = sizeof(a), lb = sizeof(b);
+
+		if (!s || s->fd < 0 || getsockname(s->fd, (struct sockaddr *)&a, &la) < 0 ||
+		    getpeername(s->fd, (struct sockaddr *)&b, &lb) < 0 || a.sin_family != AF_INET) {
+			continue;
+		}
+		lports[n] = ntohs(a.sin_port);
+		rports[n] = ntohs(b.sin_port);
+		n++;
+	}
+	return n;
+}
+
 /* --- worker --- */
 
 static void stream_fail(struct tcp_stream *s, int err)
@@ -981,5 +1028,7 @@ const struct lane_ops rh_tcp_ops = {
 	.kick = tcp_kick,
 	.fence = tcp_fence,
 	.stalled = tcp_stalled,
+	.progress = tcp_progress,
+	.ports = tcp_ports,
 	.probe = tcp_probe,
 };
