@@ -7,6 +7,8 @@ skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, ne
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -28,3 +30,24 @@ def require(condition: bool, why: str) -> None:
 def _privileged_gate(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("privileged") is not None:
         require(os.geteuid() == 0, "needs root (netns, veth, tc, eBPF)")
+
+
+def require_built() -> None:
+    """The plugin and the harness must exist (a `make ctest` build or the installed package)."""
+    from railhop import paths
+    from railhop.harness import use_source_tree_build
+
+    use_source_tree_build()
+    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
+        try:
+            fn()
+        except paths.NotInstalledError as e:
+            require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
+
+
+def until(cond: Callable[[], object], timeout: float, what: str, poll: float = 0.02) -> None:
+    """Wait for ``cond()`` to be true, failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(poll)

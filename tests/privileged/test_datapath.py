@@ -13,10 +13,9 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from conftest import require
-from railhop import paths
+from conftest import require, require_built
 from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessResult, run_pair, use_source_tree_build
+from railhop.harness import HarnessConfig, HarnessResult, run_pair
 
 pytestmark = pytest.mark.privileged
 
@@ -30,12 +29,7 @@ def expected_bytes(sizes: Sequence[int], count: int) -> int:
 @pytest.fixture(scope="module")
 def built() -> None:
     require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
-    use_source_tree_build()
-    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
-        try:
-            fn()
-        except paths.NotInstalledError as e:
-            require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
+    require_built()
 
 
 @pytest.fixture(scope="module")

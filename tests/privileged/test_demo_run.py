@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from conftest import require
-from railhop import paths, tracing
+from conftest import require_built
+from railhop import tracing
 from railhop.demo import PNG_SIZE, span_attrs
-from railhop.harness import use_source_tree_build
 
 pytestmark = pytest.mark.privileged
 
@@ -28,12 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def demo_env() -> dict[str, str]:
-    use_source_tree_build()
-    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
-        try:
-            fn()
-        except paths.NotInstalledError as e:
-            require(False, f"{what} not built ({e}); run `make ctest`")
+    require_built()
     pp = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": str(REPO / "agent") + (os.pathsep + pp if pp else "")}
 

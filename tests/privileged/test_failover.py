@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import require
-from railhop import paths
+from conftest import require, require_built
 from railhop.fabric import CounterSampler, Fabric, unique_prefix
 from railhop.harness import (
     HarnessConfig,
@@ -26,7 +25,6 @@ from railhop.harness import (
     HarnessRun,
     bytes_at,
     longest_stall,
-    use_source_tree_build,
     wait_for_bytes,
 )
 
@@ -40,12 +38,7 @@ COMPLETION_TIMEOUT_S = 1.0  # RAILHOP_COMPLETION_TIMEOUT default (1000 ms)
 @pytest.fixture(scope="module")
 def built() -> None:
     require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
-    use_source_tree_build()
-    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
-        try:
-            fn()
-        except paths.NotInstalledError as e:
-            require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
+    require_built()
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
-from railhop import paths
+from conftest import require, require_built
 from railhop.control import (
     ControlPlane,
     EventType,
@@ -46,7 +45,6 @@ from railhop.harness import (
     HarnessRun,
     bytes_at,
     longest_stall,
-    use_source_tree_build,
     wait_for_bytes,
 )
 
@@ -60,12 +58,7 @@ NICS = [f"nic{i}" for i in range(4)]
 @pytest.fixture(scope="module")
 def fab() -> Iterator[Fabric]:
     require(os.geteuid() == 0, "needs root (netns, veth, tc)")
-    use_source_tree_build()
-    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
-        try:
-            fn()
-        except paths.NotInstalledError as e:
-            require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
+    require_built()
     with Fabric(nodes=2, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhpa")) as f:
         yield f
 

@@ -19,16 +19,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import require
+from conftest import require_built, until
 from railhop import paths, tracing
 from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessRun, use_source_tree_build, wait_for_bytes
+from railhop.harness import HarnessConfig, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
 
@@ -54,21 +54,9 @@ sys.exit(daemon.run_agent(cfg))
 
 @pytest.fixture(scope="module")
 def fab() -> Iterator[Fabric]:
-    use_source_tree_build()
-    for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):
-        try:
-            fn()
-        except paths.NotInstalledError as e:
-            require(False, f"{what} not built ({e}); run `make ctest`")
+    require_built()
     with Fabric(nodes=2, nics=4, rate_mbit=200, prefix=unique_prefix("rhtr")) as f:
         yield f
-
-
-def until(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
 def scrape(fab: Fabric, node: int, port: int) -> dict[str, float]:
