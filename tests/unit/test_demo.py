@@ -109,7 +109,7 @@ def test_demo_steps_shape() -> None:
         assert [s.action for s in steps] == ["blackhole", "carrier", "heal", "heal"]
         assert {s.nic for s in steps} == {1, 2}
         assert duration > steps[-1].at + 3  # room for fail-back after the heal
-    assert demo_steps(True)[1] <= 20 < demo_steps(False)[1] <= 60
+    assert demo_steps(True)[1] <= 24 < demo_steps(False)[1] <= 60
 
 
 def test_png_is_valid() -> None:
