@@ -21,6 +21,11 @@ from railhop.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_pr
 
 pytestmark = pytest.mark.privileged
 
+# After a heal the sender's neighbour entry for the peer may have gone FAILED while the link was
+# down; the kernel re-resolves it with ARP probes 1 s apart, so a first probe lost to the port
+# coming back costs a second. Connectivity must come back, within a few seconds.
+HEALED_TIMEOUT = 3.0
+
 AGENT_DIR = str(Path(__file__).resolve().parents[2] / "agent")
 
 
@@ -138,7 +143,7 @@ def test_carrier_down_local(fab: Fabric) -> None:
     assert fab.tcp_check((0, 0), (1, 0)) == "ok"
     assert fab.faults() == {(0, 1): frozenset({FaultKind.CARRIER_LOCAL})}
     fab.heal(0, 1)
-    assert fab.tcp_check((0, 1), (1, 1)) == "ok"
+    assert fab.tcp_check((0, 1), (1, 1), timeout=HEALED_TIMEOUT) == "ok"
     assert fab.faults() == {}
 
 
@@ -150,7 +155,7 @@ def test_carrier_down_remote(fab: Fabric) -> None:
     assert fab.tcp_check((0, 2), (1, 2), timeout=0.5) != "ok"
     assert fab.tcp_check((1, 3), (0, 2)) == "ok"
     fab.heal(1, 2)
-    assert fab.tcp_check((0, 2), (1, 2)) == "ok"
+    assert fab.tcp_check((0, 2), (1, 2), timeout=HEALED_TIMEOUT) == "ok"
 
 
 def test_blackhole_is_silent_and_total(fab: Fabric) -> None:
