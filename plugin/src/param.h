@@ -10,44 +10,61 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define RH_PARAMS(X)                                                                             \
-	/* NICs to use: "ifname[:rail],..."; empty = auto-detect (up, non-loopback, IPv4). */    \
-	X(NICS, str, "", "NIC list ifname[:rail],...; empty = auto-detect")                      \
+#define RH_PARAMS(X)                                                                                \
+	/* NICs to use: "ifname[:rail],..."; empty = auto-detect (up, non-loopback, IPv4). */       \
+	X(NICS, str, "", "NIC list ifname[:rail],...; empty = auto-detect")                         \
 	/* TCP streams per lane (primary lane); backup lanes get their share by weight, at    \
 	 * least 1. 8: on a fast (unlimited veth, 2x H200 host) link 8 streams and 8 threads  \
 	 * reached 1.10x NCCL Socket 4x4 where 4x4 reached 0.51x; on slow (200 Mbit/s) NICs   \
-	 * 8 streams with kernel-sized buffers fill the link as 4 did (bench/, BENCHMARKS). */  \
-	X(STREAMS_PER_LANE, int, 8, "TCP streams per lane")                                      \
-	/* Bytes per chunk: the unit of striping, placement and replay. */                       \
-	X(CHUNK_SIZE, int, 524288, "chunk size in bytes")                                        \
+	 * 8 streams with kernel-sized buffers fill the link as 4 did (bench/, BENCHMARKS). */     \
+	X(STREAMS_PER_LANE, int, 8, "TCP streams per lane")                                         \
+	/* Bytes per chunk: the unit of striping, placement and replay. */                          \
+	X(CHUNK_SIZE, int, 524288, "chunk size in bytes")                                           \
 	/* I/O worker threads (epoll) shared by all connections of the process. 0 = auto:    \
 	 * one per online CPU, at most 8 (throughput on fast links is bound by these threads; \
-	 * more threads than CPUs only add switching; 8 was the measured winner above). */   \
-	X(NTHREADS, int, 0, "I/O worker threads, 0 = online CPUs capped at 8")                   \
-	/* No progress on cleared-to-send data for this long (ms) makes a lane suspect. */       \
-	X(COMPLETION_TIMEOUT, int, 1000, "completion timeout, ms")                               \
-	/* Deadline (ms) of a probe or a new lane's handshake round trip. */                     \
-	X(PROBE_TIMEOUT, int, 300, "probe / lane handshake timeout, ms")                         \
-	/* How often (ms) a failed original pair is probed for fail-back. */                     \
-	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                          \
-	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */              \
-	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                         \
-	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                   \
-	X(RAIL_RULE, str, "same", "rail rule: same|any")                                         \
-	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */            \
-	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                   \
-	/* Most backup lanes a connection spreads over when its pair fails. */                   \
-	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                               \
-	/* Agent rendezvous directory (health table, socket). */                                 \
-	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                   \
-	/* Prefix for /sys reads (tests point it at fixture trees). */                           \
-	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                              \
+	 * more threads than CPUs only add switching; 8 was the measured winner above). */      \
+	X(NTHREADS, int, 0, "I/O worker threads, 0 = online CPUs capped at 8")                      \
+	/* No progress on cleared-to-send data for this long (ms) makes a lane suspect. */          \
+	X(COMPLETION_TIMEOUT, int, 1000, "completion timeout, ms")                                  \
+	/* Deadline (ms) of a probe or a new lane's handshake round trip. */                        \
+	X(PROBE_TIMEOUT, int, 300, "probe / lane handshake timeout, ms")                            \
+	/* How often (ms) a failed original pair is probed for fail-back. */                        \
+	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                             \
+	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */                 \
+	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                            \
+	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                      \
+	X(RAIL_RULE, str, "same", "rail rule: same|any")                                            \
+	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */               \
+	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                      \
+	/* Most backup lanes a connection spreads over when its pair fails. */                      \
+	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                                  \
+	/* Agent rendezvous directory (health table, socket). */                                    \
+	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                      \
+	/* Prefix for /sys reads (tests point it at fixture trees). */                              \
+	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                                 \
 	/* SO_SNDBUF/SO_RCVBUF of lane sockets in bytes. 0 = the kernel's autotuning, which    \
 	 * sizes each buffer to the path's bandwidth-delay product (so to the NIC's real       \
 	 * speed, also behind a shaper the plugin cannot see): a fixed 4 MiB per stream queued \
-	 * ~0.7 s at 200 Mbit/s and got healthy lanes failed. A fixed size disables autotuning. */ \
-	X(SOCKBUF, int, 0, "lane socket buffer size, 0 = kernel autotuning")                     \
-	/* Local carrier poll interval (ms, 0 = off). */                                         \
+	 * ~0.7 s at 200 Mbit/s and got healthy lanes failed. A fixed size disables autotuning. */    \
+	X(SOCKBUF, int, 0, "lane socket buffer size, 0 = kernel autotuning")                        \
+	/* TCP_NOTSENT_LOWAT of lane sockets in bytes (0 = no limit): a stream takes a new chunk  \
+	 * only when less than this is still unsent in its socket. Autotuned buffers grow to     \
+	 * several MiB per stream; unbounded, a lane queued ~18 MB (0.7 s at 200 Mbit/s), all    \
+	 * of it lost with the lane. One chunk (512 KiB) keeps the rate-limited fabric's       \
+	 * throughput (128 KiB cost 5-8 %). */ \
+	X(NOTSENT_LOWAT, int, 524288, "unsent bytes per lane socket, 0 = no limit")                 \
+	/* TCP_RTO_MIN_US of lane sockets (Linux 6.15+; 0 = the kernel's 200 ms floor). The RTO  \
+	 * is the smoothed RTT plus this floor: a lost tail segment on a fabric with sub-ms RTTs  \
+	 * waited 200+ ms, and a silently dead path showed its first timeout (the agent's TCP     \
+	 * loss signal) only then. */  \
+	X(TCP_RTO_MIN_US, int, 20000, "TCP retransmission timeout floor, us, 0 = kernel")           \
+	/* TCP_DELACK_MAX_US of lane sockets (Linux 6.15+; 0 = kernel, 40+ ms): acknowledgements \
+	 * are delayed at most this long, well below the RTO floor, so a delayed ACK is never    \
+	 * taken for a loss. */  \
+	X(TCP_DELACK_MAX_US, int, 5000, "TCP delayed-ACK ceiling, us, 0 = kernel")                  \
+	/* TCP congestion control of lane sockets (TCP_CONGESTION), "" = the system default. */     \
+	X(TCP_CC, str, "", "TCP congestion control of lane sockets")                                \
+	/* Local carrier poll interval (ms, 0 = off). */                                            \
 	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")
 
 struct rh_params {

@@ -25,6 +25,52 @@ static void test_chunks(void)
 	EXPECT(!rh_sched_chunk(10000, 4096, 3, &off, &len));
 }
 
+static void test_runs(void)
+{
+	uint64_t bits[3] = { 0 };
+	struct rh_run r[4];
+	int n;
+
+	EXPECT_EQ(rh_sched_runs_from_bits(bits, 130, r, 4), 0);
+	EXPECT_EQ(rh_sched_skip_placed(r, 0, 7), 7);
+	/* placed: 0-2, 5, 63-65, 129 */
+	bits[0] = 0x7 | (1ull << 5) | (1ull << 63);
+	bits[1] = 0x3;
+	bits[2] = 0x2;
+	n = rh_sched_runs_from_bits(bits, 130, r, 4);
+	EXPECT_EQ(n, 4);
+	EXPECT_EQ(r[0].start, 0);
+	EXPECT_EQ(r[0].count, 3);
+	EXPECT_EQ(r[1].start, 5);
+	EXPECT_EQ(r[1].count, 1);
+	EXPECT_EQ(r[2].start, 63);
+	EXPECT_EQ(r[2].count, 3);
+	EXPECT_EQ(r[3].start, 129);
+	EXPECT_EQ(r[3].count, 1);
+	EXPECT_EQ(rh_sched_runs_chunks(r, n), 8);
+	/* chunk 129 is past nchunks = 129: not listed */
+	EXPECT_EQ(rh_sched_runs_from_bits(bits, 129, r, 4), 3);
+	/* a cap keeps the first runs only (leaving runs out is safe: they are resent) */
+	EXPECT_EQ(rh_sched_runs_from_bits(bits, 130, r, 2), 2);
+	EXPECT_EQ(r[1].start, 5);
+	n = rh_sched_runs_from_bits(bits, 130, r, 4);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 0), 3);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 3), 3);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 4), 4);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 5), 6);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 64), 66);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 129), 130);
+	/* adjacent runs are skipped in one go */
+	r[0] = (struct rh_run){ .start = 2, .count = 2 };
+	r[1] = (struct rh_run){ .start = 4, .count = 3 };
+	EXPECT_EQ(rh_sched_skip_placed(r, 2, 2), 7);
+	/* every chunk placed: the cursor ends at nchunks */
+	memset(bits, 0xff, sizeof(bits));
+	n = rh_sched_runs_from_bits(bits, 10, r, 4);
+	EXPECT_EQ(n, 1);
+	EXPECT_EQ(rh_sched_skip_placed(r, n, 0), 10);
+}
+
 static void test_eligibility(void)
 {
 	EXPECT(rh_sched_lane_may_carry(RH_LANE_ACTIVE, 0, RH_GEN_NEW));
@@ -76,6 +122,7 @@ static void test_striping(void)
 int main(void)
 {
 	test_chunks();
+	test_runs();
 	test_eligibility();
 	test_striping();
 	TEST_DONE();

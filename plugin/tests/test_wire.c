@@ -106,7 +106,7 @@ static void test_cts_resume(void)
 			    .tags = { 100, 101, 102 },
 			    .sizes = { 1, 1ull << 31, 0 } },
 		      g;
-	struct rh_resume r = { 0 }, rg;
+	static struct rh_resume r, rg;
 	uint8_t b[RH_CTRL_MAX];
 	int len;
 
@@ -126,7 +126,11 @@ static void test_cts_resume(void)
 	r.out[0].seq = 75;
 	r.done[0] = 0x5;
 	r.out[1] = (struct rh_cts){ .seq = 76, .n = 1, .tags = { 9 }, .sizes = { 4096 } };
+	r.nruns[0][1] = 2;
+	r.runs[0][1][0] = (struct rh_run){ .start = 0, .count = 3 };
+	r.runs[0][1][1] = (struct rh_run){ .start = 7, .count = 1 };
 	len = rh_resume_put(&r, b, sizeof(b));
+	EXPECT_EQ((size_t)len, rh_resume_base_len(&r) + 16);
 	EXPECT(len > 0);
 	EXPECT_EQ(rh_resume_get(b, (size_t)len, &rg), 0);
 	EXPECT_EQ(rg.next_seq, 77);
@@ -138,7 +142,23 @@ static void test_cts_resume(void)
 	EXPECT_EQ(rg.done[0], 0x5);
 	EXPECT_EQ(rg.out[1].seq, 76);
 	EXPECT_EQ(rg.out[1].sizes[0], 4096);
+	EXPECT_EQ(rg.nruns[0][0], 0);
+	EXPECT_EQ(rg.nruns[0][1], 2);
+	EXPECT_EQ(rg.nruns[0][2], 0);
+	EXPECT_EQ(rg.runs[0][1][1].start, 7);
+	EXPECT_EQ(rg.runs[0][1][1].count, 1);
+	EXPECT_EQ(rg.nruns[1][0], 0);
 	EXPECT_EQ(rh_resume_get(b, (size_t)len - 1, &rg), -EPROTO);
+	/* overlapping runs are refused */
+	r.runs[0][1][1].start = 2;
+	len = rh_resume_put(&r, b, sizeof(b));
+	EXPECT_EQ(rh_resume_get(b, (size_t)len, &rg), -EPROTO);
+	/* as are empty ones */
+	r.runs[0][1][1] = (struct rh_run){ .start = 9, .count = 0 };
+	len = rh_resume_put(&r, b, sizeof(b));
+	EXPECT_EQ(rh_resume_get(b, (size_t)len, &rg), -EPROTO);
+	/* a record too big for the buffer is refused, never truncated */
+	EXPECT_EQ(rh_resume_put(&r, b, rh_resume_base_len(&r) + 8), -ENOSPC);
 }
 
 static void test_handle(void)

@@ -337,7 +337,7 @@ static void usage(void)
 		"usage: railhop-harness --plugin PATH --role recv|send --rendezvous DIR [--conns N]\n"
 		"  [--devs 0,1,..] [--sizes S[,S..]] [--count M | --duration SEC] [--inflight K]\n"
 		"  [--grouped G] [--interval-ms MS] [--deadline SEC] [--expect-error] [--seed S]\n"
-		"  [--api 8..12] [--verbose]\n");
+		"  [--api 8..12] [--verbose]   (NCCL_DEBUG=INFO implies --verbose)\n");
 	exit(2);
 }
 
@@ -441,6 +441,11 @@ static void parse_args(int argc, char **argv)
 		default:
 			usage();
 		}
+	}
+	/* Like NCCL: NCCL_DEBUG=INFO (or TRACE) shows the plugin's INFO lines too. */
+	if (getenv("NCCL_DEBUG") && (!strcasecmp(getenv("NCCL_DEBUG"), "INFO") ||
+				     !strcasecmp(getenv("NCCL_DEBUG"), "TRACE"))) {
+		opt.verbose = true;
 	}
 	if (!opt.plugin || !opt.dir || opt.conns < 1 || opt.conns > MAX_CONNS || opt.inflight < 1 ||
 	    opt.inflight > MAX_INFLIGHT || opt.grouped < 1 || opt.grouped > MAX_GROUP ||
@@ -869,6 +874,12 @@ int main(int argc, char **argv)
 		for (int i = 0; i < opt.conns; i++) {
 			int guard = 0;
 
+			/* A finished receiver's remaining receives lie past the end marker and never
+			 * complete; once the peer has closed, testing them would only see it go. */
+			if (conns[i].finished) {
+				finished++;
+				continue;
+			}
 			if (test_all(i) < 0) {
 				goto out;
 			}

@@ -164,6 +164,33 @@ def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None
     assert moved + took < 4.0, res.describe()
 
 
+def test_suspect_lane_confirmed_by_tcp_loss_state(fab: Fabric) -> None:
+    """The same SUSPECT, with the confirming handshake probe given 2 s: the move must come from
+    the transport's own verdict (the lane's sockets in RTO loss recovery, no ACK since), within
+    a few of the lanes' RTOs (RAILHOP_TCP_RTO_MIN_US 20 ms), long before the probe could."""
+    with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
+        work = Path(tmp)
+        run_dir = work / "run-node0"
+        run_dir.mkdir()
+        table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0)
+        env = {"RAILHOP_PROBE_TIMEOUT": "2000", "RAILHOP_COMPLETION_TIMEOUT": "4000"}
+        try:
+            table.publish(health({}), {})
+            with HarnessRun(fab, cfg(8.0, seed=43), env=env, workdir=work) as run:
+                warm_up(run)
+                t_fault = time.monotonic() - run.started_at
+                fab.blackhole(0, 1)
+                table.publish(health({"nic1": NicState.SUSPECT}), {})
+                res = run.wait()
+        finally:
+            table.close()
+    assert_lossless(res)
+    moved = moved_at(res.send.stderr_tail, "nic1") - t_fault
+    print(f"suspect at t0, probe deadline 2 s: lane moved after {moved:.3f} s")
+    assert "transport lost the path" in res.send.stderr_tail, res.describe()
+    assert moved < 0.8, res.describe()
+
+
 class FakeAgent(threading.Thread):
     """A real ControlPlane in its own thread and event loop (pyroute2's sync calls in the test's
     thread run their own loop): publishes every NIC UP, and once a lane timeout/error event for

@@ -538,11 +538,35 @@ out:
 	return rc;
 }
 
-/* Encode the receiver's completion record (next sequence + incomplete receives). */
+/* List the runs of chunks already placed in the incomplete slots of r's receives, within
+ * budget bytes of record, oldest receive first (it is the likeliest to be mostly placed). */
+static void record_runs(struct rh_conn *c, struct rh_resume *r, size_t budget)
+{
+	for (int i = 0; i < r->nout; i++) {
+		struct rh_rreq *q = &c->rreqs[r->out[i].seq % RH_RING];
+
+		for (int k = 0; k < r->out[i].n; k++) {
+			int max = (int)(budget / 8 < RH_RESUME_RUNS ? budget / 8 : RH_RESUME_RUNS);
+
+			if ((r->done[i] & (1u << k)) || q->total[k] == UINT64_MAX || !q->bits[k] ||
+			    max == 0) {
+				continue;
+			}
+			r->nruns[i][k] = (uint8_t)rh_sched_runs_from_bits(
+				q->bits[k], rh_sched_nchunks(q->total[k], c->chunk), r->runs[i][k],
+				max);
+			budget -= 8 * (size_t)r->nruns[i][k];
+		}
+	}
+}
+
+/* Encode the receiver's completion record (next sequence + incomplete receives with the
+ * chunks they already hold). */
 static int build_record(struct rh_conn *c, uint8_t *buf, size_t cap, int ndead,
 			const uint32_t *dead)
 {
 	struct rh_resume *r = calloc(1, sizeof(*r));
+	size_t base;
 	int len;
 
 	if (!r) {
@@ -569,6 +593,10 @@ static int build_record(struct rh_conn *c, uint8_t *buf, size_t cap, int ndead,
 		r->done[r->nout] = q->done_mask;
 		r->nout++;
 	}
+	base = rh_resume_base_len(r);
+	if (base < cap) {
+		record_runs(c, r, cap - base);
+	}
 	len = rh_resume_put(r, buf, cap);
 	free(r);
 	return len;
@@ -589,7 +617,8 @@ int rh_conn_queue_resume(struct rh_conn *c)
 		return len;
 	}
 	/* Everything older than this epoch that is still in flight is dropped: the sender
-	 * replays all unacknowledged messages with the new epoch. */
+	 * replays the chunks of unacknowledged messages the record does not list as placed,
+	 * with the new epoch. */
 	c->rx_min_epoch = c->epoch;
 	rc = rh_conn_queue_ctrl(c, &h, buf, (size_t)len);
 	free(buf);
@@ -790,7 +819,8 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		if (s->gen == RH_GEN_NEW) {
 			s->gen = c->gen;
 		}
-		rh_sched_chunk(s->size, c->chunk, s->next_chunk++, &off, &len);
+		rh_sched_chunk(s->size, c->chunk, s->next_chunk, &off, &len);
+		s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, s->next_chunk + 1);
 		if (s->next_chunk >= s->nchunks) {
 			sendq_remove(c, s);
 		}

@@ -42,6 +42,8 @@ struct rh_sreq {
 	uint32_t gen; /* RH_GEN_NEW until its first chunk is scheduled */
 	uint64_t t_start_ns;
 	struct rh_sreq *qnext;
+	int nskip; /* replay: chunk runs the receiver already placed */
+	struct rh_run skip[RH_RESUME_RUNS];
 };
 
 struct rh_rreq {

@@ -567,6 +567,39 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 	     c->epoch);
 }
 
+/* Replay of s starts at its first chunk the receiver has not placed; the receiver's runs are
+ * kept only when they fit the message (a record from a confused peer replays everything). */
+static void take_placed_runs(struct rh_conn *c, struct rh_sreq *s, const struct rh_run *runs,
+			     int nruns)
+{
+	uint64_t end = nruns ? (uint64_t)runs[nruns - 1].start + runs[nruns - 1].count : 0;
+
+	(void)c;
+	s->nskip = 0;
+	if (nruns > 0 && end <= s->nchunks && rh_sched_skip_placed(runs, nruns, 0) < s->nchunks) {
+		memcpy(s->skip, runs, sizeof(runs[0]) * (size_t)nruns);
+		s->nskip = nruns;
+	}
+}
+
+static uint64_t replay_bytes(struct rh_conn *c, struct rh_sreq *s)
+{
+	uint64_t skipped = 0;
+
+	s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, 0);
+	for (int i = 0; i < s->nskip; i++) {
+		for (uint64_t k = s->skip[i].start;
+		     k < (uint64_t)s->skip[i].start + s->skip[i].count; k++) {
+			uint64_t off, len;
+
+			if (rh_sched_chunk(s->size, c->chunk, k, &off, &len)) {
+				skipped += len;
+			}
+		}
+	}
+	return s->size - skipped;
+}
+
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
 {
 	struct rh_resume *r;
@@ -644,6 +677,10 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			if (r->out[k].seq == s->seq) {
 				listed = true;
 				done = r->done[k] & (1u << s->slot);
+				if (!done) {
+					take_placed_runs(c, s, r->runs[k][s->slot],
+							 r->nruns[k][s->slot]);
+				}
 			}
 		}
 		if (!listed && s->seq < r->next_seq) {
@@ -654,8 +691,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			acked++;
 			continue;
 		}
-		s->next_chunk = 0;
-		replayed_bytes += s->size;
+		replayed_bytes += replay_bytes(c, s);
 		list[n++] = s;
 	}
 	qsort(list, n, sizeof(list[0]), cmp_sreq);
@@ -677,8 +713,10 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
 	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
 			   (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull, replayed_bytes);
-	INFO("conn %016llx (send): resumed at epoch %u: %d confirmed, %d replayed on %d lanes",
-	     (unsigned long long)c->id, c->epoch, acked, replayed, rh_conn_active_lanes(c));
+	INFO("conn %016llx (send): resumed at epoch %u: %d confirmed, %d replayed (%llu bytes) on %d "
+	     "lanes",
+	     (unsigned long long)c->id, c->epoch, acked, replayed,
+	     (unsigned long long)replayed_bytes, rh_conn_active_lanes(c));
 	rh_conn_kick_data(c);
 }
 
@@ -769,7 +807,11 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			}
 			break;
 		case RH_LANE_SUSPECT:
-			if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
+			if (l->ops->lost && !moved_since_suspect(l) &&
+			    l->ops->lost(l, now - l->t_suspect_ms)) {
+				/* The transport confirms before the probe's deadline. */
+				rh_fo_lane_failed(c, l, -ETIMEDOUT, "transport lost the path");
+			} else if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
 				if (moved_since_suspect(l)) {
 					l->state = RH_LANE_ACTIVE;
 					l->t_suspect_ms = now;

@@ -27,3 +27,61 @@ bool rh_sched_lane_may_carry(enum rh_lane_state st, uint32_t retire_gen, uint32_
 		return false;
 	}
 }
+
+static bool bit_set(const uint64_t *bits, uint64_t i)
+{
+	return bits[i / 64] & (1ull << (i % 64));
+}
+
+int rh_sched_runs_from_bits(const uint64_t *bits, uint64_t nchunks, struct rh_run *runs, int max)
+{
+	int n = 0;
+	uint64_t i = 0;
+
+	if (nchunks > UINT32_MAX) {
+		nchunks = UINT32_MAX; /* chunk indexes travel as 32 bits; the rest is resent */
+	}
+	while (i < nchunks && n < max) {
+		uint64_t start;
+
+		while (i < nchunks && !bit_set(bits, i)) {
+			i++;
+		}
+		if (i == nchunks) {
+			break;
+		}
+		start = i;
+		while (i < nchunks && bit_set(bits, i)) {
+			i++;
+		}
+		runs[n].start = (uint32_t)start;
+		runs[n].count = (uint32_t)(i - start);
+		n++;
+	}
+	return n;
+}
+
+uint64_t rh_sched_skip_placed(const struct rh_run *runs, int nruns, uint64_t idx)
+{
+	for (int i = 0; i < nruns; i++) {
+		uint64_t end = (uint64_t)runs[i].start + runs[i].count;
+
+		if (idx < runs[i].start) {
+			break;
+		}
+		if (idx < end) {
+			idx = end;
+		}
+	}
+	return idx;
+}
+
+uint64_t rh_sched_runs_chunks(const struct rh_run *runs, int nruns)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < nruns; i++) {
+		n += runs[i].count;
+	}
+	return n;
+}

@@ -27,4 +27,19 @@ bool rh_sched_lane_may_carry(enum rh_lane_state st, uint32_t retire_gen, uint32_
 
 #define RH_GEN_NEW UINT32_MAX
 
+/* A run of chunks [start, start + count) of one message. */
+struct rh_run {
+	uint32_t start;
+	uint32_t count;
+};
+
+/* Replay after a failover resends only what the receiver has not placed: the receiver lists
+ * the runs of placed chunks from its bitmap (at most max runs, the first ones; leaving runs out
+ * only costs resending them), the sender skips them. */
+int rh_sched_runs_from_bits(const uint64_t *bits, uint64_t nchunks, struct rh_run *runs, int max);
+/* The first chunk >= idx that no run covers (runs sorted and disjoint). */
+uint64_t rh_sched_skip_placed(const struct rh_run *runs, int nruns, uint64_t idx);
+/* Chunks the runs cover (what a replay saves). */
+uint64_t rh_sched_runs_chunks(const struct rh_run *runs, int nruns);
+
 #endif

@@ -232,6 +232,48 @@ int rh_dead_get(const uint8_t *b, size_t len, int *ndead, uint32_t *dead)
 	return 1 + 4 * *ndead;
 }
 
+size_t rh_resume_base_len(const struct rh_resume *r)
+{
+	size_t len = 1 + 4 * (size_t)r->ndead + 9;
+
+	for (int i = 0; i < r->nout; i++) {
+		len += 10 + 13 * (size_t)r->out[i].n; /* record, CTS entries, one run count each */
+	}
+	return len;
+}
+
+static int runs_put(const struct rh_run *runs, int n, uint8_t *b, size_t cap)
+{
+	if (n < 0 || n > RH_RESUME_RUNS || cap < 1 + 8 * (size_t)n) {
+		return -ENOSPC;
+	}
+	b[0] = (uint8_t)n;
+	for (int i = 0; i < n; i++) {
+		put32(b + 1 + 8 * i, runs[i].start);
+		put32(b + 5 + 8 * i, runs[i].count);
+	}
+	return 1 + 8 * n;
+}
+
+static int runs_get(const uint8_t *b, size_t len, struct rh_run *runs, uint8_t *n)
+{
+	uint64_t end = 0;
+
+	if (len < 1 || b[0] > RH_RESUME_RUNS || len < 1 + 8 * (size_t)b[0]) {
+		return -EPROTO;
+	}
+	*n = b[0];
+	for (int i = 0; i < *n; i++) {
+		runs[i].start = get32(b + 1 + 8 * i);
+		runs[i].count = get32(b + 5 + 8 * i);
+		if (runs[i].count == 0 || (i > 0 && runs[i].start < end)) {
+			return -EPROTO; /* empty, unsorted or overlapping */
+		}
+		end = (uint64_t)runs[i].start + runs[i].count;
+	}
+	return 1 + 8 * *n;
+}
+
 int rh_resume_put(const struct rh_resume *r, uint8_t *b, size_t cap)
 {
 	int o = rh_dead_put(r->ndead, r->dead, b, cap);
@@ -257,6 +299,13 @@ int rh_resume_put(const struct rh_resume *r, uint8_t *b, size_t cap)
 			return l;
 		}
 		o += l;
+		for (int k = 0; k < r->out[i].n; k++) {
+			l = runs_put(r->runs[i][k], r->nruns[i][k], b + o, cap - o);
+			if (l < 0) {
+				return l;
+			}
+			o += l;
+		}
 	}
 	return o;
 }
@@ -292,6 +341,14 @@ int rh_resume_get(const uint8_t *b, size_t len, struct rh_resume *r)
 		}
 		r->out[i].seq = get64(b + o - 10);
 		o += 12 * n;
+		for (int k = 0; k < n; k++) {
+			int l = runs_get(b + o, len - o, r->runs[i][k], &r->nruns[i][k]);
+
+			if (l < 0) {
+				return -EPROTO;
+			}
+			o += l;
+		}
 	}
 	return (size_t)o == len ? 0 : -EPROTO;
 }

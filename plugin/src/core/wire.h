@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "../nic.h"
+#include "sched.h"
 
 #define RH_HDR_LEN 48
 #define RH_MAGIC 0x50484852u /* "RHHP" */
@@ -97,7 +98,12 @@ struct rh_cts {
 int rh_cts_put(const struct rh_cts *c, uint8_t *b, size_t cap);
 int rh_cts_get(const uint8_t *b, size_t len, int n, struct rh_cts *c);
 
-/* The receiver's completion record: everything below next_seq that is not listed is complete. */
+#define RH_RESUME_RUNS 16 /* placed runs listed per incomplete slot (more are left out) */
+
+/* The receiver's completion record: everything below next_seq that is not listed is complete;
+ * of a listed, incomplete slot the chunks in runs[][] are placed too (the sender replays only
+ * the others). Listing fewer runs than were placed is always safe: the receiver ignores
+ * chunks it already has. Runs are sorted, disjoint and non-empty (checked on decode). */
 struct rh_resume {
 	uint64_t next_seq;
 	int ndead;
@@ -105,9 +111,13 @@ struct rh_resume {
 	int nout;
 	struct rh_cts out[RH_RING]; /* posted, incomplete receives */
 	uint8_t done[RH_RING]; /* per outstanding receive: mask of completed slots */
+	uint8_t nruns[RH_RING][RH_MAX_RECVS];
+	struct rh_run runs[RH_RING][RH_MAX_RECVS][RH_RESUME_RUNS];
 };
 
 int rh_resume_put(const struct rh_resume *r, uint8_t *b, size_t cap);
+/* Encoded size of r without any runs (what rh_resume_put needs before runs are added). */
+size_t rh_resume_base_len(const struct rh_resume *r);
 int rh_resume_get(const uint8_t *b, size_t len, struct rh_resume *r);
 /* FAILREQ payload: list of dead lane ids. */
 int rh_dead_put(int ndead, const uint32_t *dead, uint8_t *b, size_t cap);

@@ -86,6 +86,12 @@ struct lane_ops {
 	/* True when the lane has had data outstanding with no transport-level progress (TCP:
 	 * no new acknowledged bytes while bytes are unacknowledged) for timeout_ms. Locked. */
 	bool (*stalled)(struct rh_lane *lane, uint64_t now_ms, int timeout_ms);
+	/* Optional. The transport's own verdict on a lane the core suspects and has seen no
+	 * progress on for quiet_ms: true when the path is lost by the transport's account (TCP:
+	 * a stream holding unacknowledged bytes is in RTO loss recovery and quiet_ms covers two
+	 * of its smoothed RTTs, at least 20 ms: the retransmission after the timeout went
+	 * unanswered, which a live but congested path answers within about one RTT). Locked. */
+	bool (*lost)(struct rh_lane *lane, uint64_t quiet_ms);
 	/* Bytes the transport has moved on the lane in either direction (TCP: acknowledged plus
 	 * received, over every stream): a monotonic counter; "no progress" means it stands
 	 * still. Locked. */

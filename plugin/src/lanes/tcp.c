@@ -154,17 +154,60 @@ static int stream_add(struct tcp_stream *s)
 	return rc;
 }
 
-static int sock_setup(int fd, int nic, bool bind_addr)
+/* Socket options of Linux 6.15 (values from its uapi linux/tcp.h; older headers lack them). */
+#define RH_TCP_RTO_MIN_US 45
+#define RH_TCP_DELACK_MAX_US 46
+
+/* Set one of the per-socket TCP timers; a kernel without it is reported once (lanes then use
+ * the kernel's defaults: 200 ms RTO floor, 40+ ms delayed ACKs). */
+static void sock_timer(int fd, int opt, int us, const char *name)
 {
-	int one = 1, buf = (int)rh_param.SOCKBUF;
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	const char *ifname = rh_g.nics[nic].ifname;
+	static atomic_bool told[2];
+
+	if (us <= 0 || setsockopt(fd, IPPROTO_TCP, opt, &us, sizeof(us)) == 0) {
+		return;
+	}
+	if (!atomic_exchange(&told[opt == RH_TCP_RTO_MIN_US ? 0 : 1], true)) {
+		INFO("lane sockets: %s=%d not applied (%s; needs Linux 6.15+): kernel default "
+		     "used",
+		     name, us, strerror(errno));
+	}
+}
+
+/* Options of every lane socket: no Nagle, the buffer size (or autotuning), and a bound on the
+ * unsent bytes a stream holds (RAILHOP_NOTSENT_LOWAT), so chunks stay in the core's queue, in
+ * message order and never lost with a lane, until a stream can send them soon. */
+static void sock_tune(int fd)
+{
+	int one = 1, buf = (int)rh_param.SOCKBUF, lowat = (int)rh_param.NOTSENT_LOWAT;
 
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	if (buf > 0) {
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 	}
+	if (lowat > 0) {
+		setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
+	}
+	if (rh_param.TCP_CC[0] && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, rh_param.TCP_CC,
+					     strlen(rh_param.TCP_CC)) < 0) {
+		static atomic_bool told;
+
+		if (!atomic_exchange(&told, true)) {
+			WARN("lane sockets: RAILHOP_TCP_CC=%s refused (%s): system default used",
+			     rh_param.TCP_CC, strerror(errno));
+		}
+	}
+	sock_timer(fd, RH_TCP_RTO_MIN_US, (int)rh_param.TCP_RTO_MIN_US, "TCP_RTO_MIN_US");
+	sock_timer(fd, RH_TCP_DELACK_MAX_US, (int)rh_param.TCP_DELACK_MAX_US, "TCP_DELACK_MAX_US");
+}
+
+static int sock_setup(int fd, int nic, bool bind_addr)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	const char *ifname = rh_g.nics[nic].ifname;
+
+	sock_tune(fd);
 	if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname, strlen(ifname) + 1) < 0) {
 		if (errno != EPERM || geteuid() == 0) {
 			return -errno;
@@ -393,6 +436,34 @@ static bool tcp_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 			continue;
 		}
 		if (now - s->stall_since_ms >= (uint64_t)timeout_ms) {
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool tcp_lost(struct rh_lane *lane, uint64_t quiet_ms)
+{
+	struct tcp_lane *tl = lane->tp;
+
+	if (!tl) {
+		return false;
+	}
+	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
+		struct tcp_stream *s = tl->s[i];
+		struct tcp_info ti;
+		socklen_t len = sizeof(ti);
+		uint64_t need_ms;
+
+		if (!s || s->fd < 0 || s->state != ST_READY ||
+		    getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0) {
+			continue;
+		}
+		need_ms = 2 * (uint64_t)ti.tcpi_rtt / 1000;
+		if (need_ms < 20) {
+			need_ms = 20;
+		}
+		if (ti.tcpi_ca_state == TCP_CA_Loss && ti.tcpi_unacked > 0 && quiet_ms >= need_ms) {
 			return true;
 		}
 	}
@@ -853,16 +924,11 @@ static void on_listener(struct tcp_stream *l)
 	for (;;) {
 		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct tcp_stream *s;
-		int one = 1, buf = (int)rh_param.SOCKBUF;
 
 		if (fd < 0) {
 			return;
 		}
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (buf > 0) {
-			setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-		}
+		sock_tune(fd);
 		s = stream_new(fd, K_ACCEPTED);
 		if (!s) {
 			close(fd);
@@ -1028,6 +1094,7 @@ const struct lane_ops rh_tcp_ops = {
 	.kick = tcp_kick,
 	.fence = tcp_fence,
 	.stalled = tcp_stalled,
+	.lost = tcp_lost,
 	.progress = tcp_progress,
 	.ports = tcp_ports,
 	.probe = tcp_probe,
