@@ -551,8 +551,10 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 	for (int k = 0; k < ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
 			if (c->lanes[i]->id == dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
-				/* the peer timed out on it: this NIC's agent hears of it too */
-				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -ETIMEDOUT,
+				/* The peer timed out on it: this NIC's agent hears of it too, marked
+				 * EREMOTEIO (seen by the peer: the fault may be at its end, so it is
+				 * suspicion of this NIC, not evidence against it). */
+				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -EREMOTEIO,
 						   0, 0);
 				rh_conn_fence_lane(c, c->lanes[i]);
 			}
@@ -622,7 +624,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	for (int k = 0; k < r->ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
 			if (c->lanes[i]->id == r->dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
-				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -ETIMEDOUT,
+				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -EREMOTEIO,
 						   0, 0);
 				rh_conn_fence_lane(c, c->lanes[i]);
 				if (c->lanes[i]->primary) {
