@@ -64,11 +64,13 @@ class Agent:
             )
         self.table = run_dir / "health.tbl"
 
-    def ready(self, ebpf: bool = False, timeout: float = 240.0) -> None:
+    def ready(self, ebpf: bool = False, timeout: float = 240.0, tcp: bool = False) -> None:
         def ok() -> bool:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             text = self.log.read_text()
             if ebpf and not re.search(r"source ebpf\.carrier (started|failed)", text):
+                return False
+            if tcp and not re.search(r"source ebpf\.tcp (started|failed)", text):
                 return False
             return _snap_pid(self.table) == self.proc.pid
 
@@ -142,6 +144,47 @@ def test_carrier_loss_moves_every_connection_before_any_timeout(
         assert res.recv.summary is not None and res.recv.summary.data_errors == 0
         log = agent.log.read_text()
         assert "nic1: up -> down (carrier down)" in log, log[-3000:]
+    finally:
+        agent.stop()
+        fab.heal_all()
+
+
+def test_blackhole_tcp_signal_moves_the_lane_before_the_timeout(
+    fab: Fabric, tmp_path: Path
+) -> None:
+    """nic1 of node 0 is blackholed (carrier stays up). With a 4 s completion timeout and a 2 s
+    probe deadline in the plugin, only the agent's eBPF TCP signal (an RTO on the lane's own
+    sockets -> nic1 SUSPECT) confirmed by the lane's TCP loss state can fail the lane within a
+    second; the agent's log shows the TCP suspicion and the plugin's the transport's verdict,
+    and connection 1 carries checked data again."""
+    work = tmp_path / "work"
+    agent = Agent(fab, work / "run-node0", tmp_path / "agent.log", "netlink,ebpf")
+    try:
+        agent.ready(ebpf=True, tcp=True)
+        assert re.search(r"source ebpf\.tcp started", agent.log.read_text()), agent.log.read_text()
+        cfg = HarnessConfig(conns=4, sizes=(1 << 20,), duration=7.0, deadline=60.0, seed=5)
+        env = {"RAILHOP_COMPLETION_TIMEOUT": "4000", "RAILHOP_PROBE_TIMEOUT": "2000"}
+        with HarnessRun(fab, cfg, env=env, workdir=work) as run:
+            wait_for_bytes(run, 16 * MiB, timeout=30)
+            until(lambda: conn_bytes(run, 1) > 0, 10, "a lane on nic1")
+            t_fault = time.monotonic() - run.started_at
+            fab.blackhole(0, 1)
+            mark = conn_bytes(run, 1)
+            # the data itself then waits for the backup lanes' TCP ramp on the loaded NICs
+            until(lambda: conn_bytes(run, 1) > mark + 2 * MiB, 6.0, "connection 1 moving again")
+            fab.heal(0, 1)
+            res = run.wait()
+        assert res.ok, res.describe()
+        m = re.search(
+            r"\[\s*([0-9.]+)\].*lane \d+ nic1 -> .* failed: transport lost the path",
+            res.send.stderr_tail,
+        )
+        assert m, res.describe()
+        moved = float(m.group(1)) - t_fault
+        print(f"blackhole: lane on nic1 failed {moved:.3f} s after the fault")
+        log = agent.log.read_text()
+        assert re.search(r"nic1: up -> suspect \(tcp", log), log[-3000:]
+        assert moved < 1.0, moved  # well before the 4 s timeout (+ 2 s probe)
     finally:
         agent.stop()
         fab.heal_all()
