@@ -11,6 +11,8 @@ plugins of that node use through RAILHOP_RUN_DIR); "no agent" runs use a run dir
   c  agent CPU, all sources on, harness traffic flowing, /proc/<pid>/stat over 20 s (< 2 %)
   d  silent blackhole on node0 nic1 with agent + eBPF vs none: extra step time (<= 0.4 s)
   e  plugin throughput (unlimited veths) with every probe attached vs none       (>= 0.97)
+     (wall clock, one A/B pair: noisy on a shared VM; bench/probe_bench.py measures the probes'
+     CPU cost with BPF run-time statistics and interleaves several A/B rounds)
 
     sudo RAILHOP_PLUGIN_PATH=build/agent/plugin/libnccl-net-railhop.so \\
          RAILHOP_HARNESS_PATH=build/agent/plugin/railhop-harness \\

@@ -4,42 +4,19 @@
  *
  * One hook, three implementations chosen by the loader (the first that loads wins):
  *   RH_CARRIER_FENTRY  fentry on netif_carrier_off()/netif_carrier_on(): the instant itself.
- *   RH_CARRIER_RAW_TP  raw tracepoint qdisc_reset (dev_deactivate() in linkwatch); the device's
- *                      NOCARRIER state bit tells carrier loss from an administrative down.
+ *   RH_CARRIER_RAW_TP  raw tracepoint qdisc_reset, which dev_deactivate() calls for each queue
+ *                      (a) in linkwatch after a carrier loss: the device's NOCARRIER state bit is
+ *                      set -> RH_EV_CARRIER_DOWN; (b) in dev_close() of an administrative down
+ *                      (or an unregister): __LINK_STATE_START is already clear, carrier not yet
+ *                      off -> RH_EV_DEV_CLOSE. Both come before the RTM_NEWLINK of the change.
+ *                      A running device with carrier (a tc qdisc change) is not reported.
  *   RH_CARRIER_TP      tracepoint qdisc:qdisc_reset, device name only (a proxy).
  * Kernel structs are read only at offsets from /sys/kernel/btf/vmlinux, passed as -D flags:
- *   RH_OFF_NETDEV_NAME, RH_OFF_NETDEV_IFINDEX, RH_OFF_NETDEV_STATE, RH_NOCARRIER_BIT,
+ *   RH_OFF_NETDEV_NAME, RH_OFF_NETDEV_IFINDEX, RH_OFF_NETDEV_STATE, RH_NOCARRIER_BIT, RH_START_BIT,
  *   RH_OFF_QDISC_DEV_QUEUE, RH_OFF_NETDEV_QUEUE_DEV, and for the device's netns
  *   RH_OFF_NETDEV_NET + RH_OFF_NET_INUM (or RH_NO_NETNS).
  */
-#include "railhop_events.h"
-
-#ifndef RH_RINGBUF_PAGES
-#define RH_RINGBUF_PAGES 16
-#endif
-
-BPF_RINGBUF_OUTPUT(rh_events, RH_RINGBUF_PAGES);
-BPF_ARRAY(rh_drops, u64, 1);
-
-static __always_inline struct rh_netdev_ev *rh_reserve(__u32 kind, __u32 hook)
-{
-	struct rh_netdev_ev *e = rh_events.ringbuf_reserve(sizeof(struct rh_netdev_ev));
-	int zero = 0;
-	u64 *drops;
-
-	if (!e) {
-		drops = rh_drops.lookup(&zero);
-		if (drops) {
-			__sync_fetch_and_add(drops, 1);
-		}
-		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->h.ts_ns = bpf_ktime_get_ns();
-	e->h.kind = kind;
-	e->h.hook = hook;
-	return e;
-}
+/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
 
 #if defined(RH_CARRIER_FENTRY) || defined(RH_CARRIER_RAW_TP)
 static __always_inline void rh_fill_netdev(struct rh_netdev_ev *e, const char *dev)
@@ -60,25 +37,26 @@ static __always_inline void rh_fill_netdev(struct rh_netdev_ev *e, const char *d
 #ifdef RH_CARRIER_FENTRY
 KFUNC_PROBE(netif_carrier_off, void *dev)
 {
-	struct rh_netdev_ev *e = rh_reserve(RH_EV_CARRIER_DOWN, RH_HOOK_FENTRY);
+	struct rh_netdev_ev *e =
+		RH_RESERVE(struct rh_netdev_ev, RH_EV_CARRIER_DOWN, RH_HOOK_FENTRY);
 
 	if (!e) {
 		return 0;
 	}
 	rh_fill_netdev(e, (const char *)dev);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 
 KFUNC_PROBE(netif_carrier_on, void *dev)
 {
-	struct rh_netdev_ev *e = rh_reserve(RH_EV_CARRIER_UP, RH_HOOK_FENTRY);
+	struct rh_netdev_ev *e = RH_RESERVE(struct rh_netdev_ev, RH_EV_CARRIER_UP, RH_HOOK_FENTRY);
 
 	if (!e) {
 		return 0;
 	}
 	rh_fill_netdev(e, (const char *)dev);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -91,6 +69,7 @@ RAW_TRACEPOINT_PROBE(qdisc_reset)
 	const char *dev = 0;
 	unsigned long state = 0;
 	struct rh_netdev_ev *e;
+	__u32 kind;
 
 	bpf_probe_read_kernel(&txq, sizeof(txq), q + RH_OFF_QDISC_DEV_QUEUE);
 	if (!txq) {
@@ -101,15 +80,19 @@ RAW_TRACEPOINT_PROBE(qdisc_reset)
 		return 0;
 	}
 	bpf_probe_read_kernel(&state, sizeof(state), dev + RH_OFF_NETDEV_STATE);
-	if (!(state & (1UL << RH_NOCARRIER_BIT))) {
-		return 0; /* carrier still on: an administrative down, netlink reports it */
+	if (state & (1UL << RH_NOCARRIER_BIT)) {
+		kind = RH_EV_CARRIER_DOWN;
+	} else if (!(state & (1UL << RH_START_BIT))) {
+		kind = RH_EV_DEV_CLOSE;
+	} else {
+		return 0; /* running with carrier: a qdisc change, not a link event */
 	}
-	e = rh_reserve(RH_EV_CARRIER_DOWN, RH_HOOK_RAW_TP);
+	e = RH_RESERVE(struct rh_netdev_ev, kind, RH_HOOK_RAW_TP);
 	if (!e) {
 		return 0;
 	}
 	rh_fill_netdev(e, dev);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -117,13 +100,13 @@ RAW_TRACEPOINT_PROBE(qdisc_reset)
 #ifdef RH_CARRIER_TP
 TRACEPOINT_PROBE(qdisc, qdisc_reset)
 {
-	struct rh_netdev_ev *e = rh_reserve(RH_EV_QDISC_RESET, RH_HOOK_TP);
+	struct rh_netdev_ev *e = RH_RESERVE(struct rh_netdev_ev, RH_EV_QDISC_RESET, RH_HOOK_TP);
 
 	if (!e) {
 		return 0;
 	}
 	TP_DATA_LOC_READ_CONST(e->ifname, dev, RH_IFNAMSIZ);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif

@@ -28,6 +28,7 @@
 #define RH_EV_MLX5_CMD 10 /* rh_drv_ev: name = command, msg = status, a = status, b = syndrome */
 #define RH_EV_IB_EVENT 11 /* rh_drv_ev: a = ib_event_type, b = port (fentry only) */
 #define RH_EV_USDT 12 /* rh_usdt_ev: a plugin USDT probe fired */
+#define RH_EV_DEV_CLOSE 13 /* rh_netdev_ev: qdisc reset by dev_close() (admin down, unregister) */
 
 /* struct rh_hdr.hook: which kind of hook produced the record */
 #define RH_HOOK_FENTRY 1

@@ -10,44 +10,18 @@
  *   ib_event  fentry ib_dispatch_event (all RDMA async events)    RH_IB_EVENT_FENTRY with
  *             RH_OFF_IBEV_DEVICE, RH_OFF_IBEV_PORT, RH_OFF_IBEV_EVENT, RH_OFF_IBDEV_NAME
  */
-#include "railhop_events.h"
+/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
 
-#ifndef RH_RINGBUF_PAGES
-#define RH_RINGBUF_PAGES 16
-#endif
 #ifndef RH_CM_ERROR_MASK
 /* ADDR_ERROR 1, ROUTE_ERROR 3, CONNECT_ERROR 6, UNREACHABLE 7, REJECTED 8, DEVICE_REMOVAL 11,
  * MULTICAST_ERROR 13 */
 #define RH_CM_ERROR_MASK 0x29caUL
 #endif
 
-BPF_RINGBUF_OUTPUT(rh_events, RH_RINGBUF_PAGES);
-BPF_ARRAY(rh_drops, u64, 1);
-
-static __always_inline struct rh_drv_ev *rh_reserve(__u32 kind, __u32 hook)
-{
-	struct rh_drv_ev *e = rh_events.ringbuf_reserve(sizeof(struct rh_drv_ev));
-	int zero = 0;
-	u64 *drops;
-
-	if (!e) {
-		drops = rh_drops.lookup(&zero);
-		if (drops) {
-			__sync_fetch_and_add(drops, 1);
-		}
-		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->h.ts_ns = bpf_ktime_get_ns();
-	e->h.kind = kind;
-	e->h.hook = hook;
-	return e;
-}
-
 #ifdef RH_DEVLINK_TP
 TRACEPOINT_PROBE(devlink, devlink_health_report)
 {
-	struct rh_drv_ev *e = rh_reserve(RH_EV_DEVLINK_HEALTH, RH_HOOK_TP);
+	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_DEVLINK_HEALTH, RH_HOOK_TP);
 
 	if (!e) {
 		return 0;
@@ -55,7 +29,7 @@ TRACEPOINT_PROBE(devlink, devlink_health_report)
 	TP_DATA_LOC_READ_CONST(e->dev, dev_name, RH_DEVNAME_LEN);
 	TP_DATA_LOC_READ_CONST(e->name, reporter_name, RH_NAME_LEN);
 	TP_DATA_LOC_READ_CONST(e->msg, msg, RH_MSG_LEN);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -69,13 +43,13 @@ TRACEPOINT_PROBE(rdma_cma, cm_event_handler)
 	if (ev >= 64 || !((RH_CM_ERROR_MASK >> ev) & 1)) {
 		return 0;
 	}
-	e = rh_reserve(RH_EV_CM_EVENT, RH_HOOK_TP);
+	e = RH_RESERVE(struct rh_drv_ev, RH_EV_CM_EVENT, RH_HOOK_TP);
 	if (!e) {
 		return 0;
 	}
 	e->a = (__s32)ev;
 	e->b = args->status;
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -83,13 +57,13 @@ TRACEPOINT_PROBE(rdma_cma, cm_event_handler)
 #ifdef RH_CM_REMOVE_TP
 TRACEPOINT_PROBE(rdma_cma, cm_remove_one)
 {
-	struct rh_drv_ev *e = rh_reserve(RH_EV_CM_REMOVE, RH_HOOK_TP);
+	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_CM_REMOVE, RH_HOOK_TP);
 
 	if (!e) {
 		return 0;
 	}
 	TP_DATA_LOC_READ_CONST(e->dev, name, RH_DEVNAME_LEN);
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -97,7 +71,7 @@ TRACEPOINT_PROBE(rdma_cma, cm_remove_one)
 #ifdef RH_MLX5_CMD_TP
 TRACEPOINT_PROBE(mlx5, mlx5_cmd)
 {
-	struct rh_drv_ev *e = rh_reserve(RH_EV_MLX5_CMD, RH_HOOK_TP);
+	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_MLX5_CMD, RH_HOOK_TP);
 
 	if (!e) {
 		return 0;
@@ -106,7 +80,7 @@ TRACEPOINT_PROBE(mlx5, mlx5_cmd)
 	TP_DATA_LOC_READ_CONST(e->msg, status_str, RH_MSG_LEN);
 	e->a = args->status;
 	e->b = (__s32)args->syndrome;
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -116,7 +90,7 @@ KFUNC_PROBE(ib_dispatch_event, void *event)
 {
 	const char *ev = (const char *)event;
 	const char *ibdev = 0;
-	struct rh_drv_ev *e = rh_reserve(RH_EV_IB_EVENT, RH_HOOK_FENTRY);
+	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_IB_EVENT, RH_HOOK_FENTRY);
 
 	if (!e) {
 		return 0;
@@ -127,7 +101,7 @@ KFUNC_PROBE(ib_dispatch_event, void *event)
 	if (ibdev) {
 		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), ibdev + RH_OFF_IBDEV_NAME);
 	}
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif

@@ -13,11 +13,8 @@
  * RH_OFF_SKC_V6_DADDR, RH_OFF_SKC_V6_RCV_SADDR, and for the socket's netns RH_OFF_SKC_NET +
  * RH_OFF_NET_INUM (or RH_NO_NETNS).
  */
-#include "railhop_events.h"
+/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
 
-#ifndef RH_RINGBUF_PAGES
-#define RH_RINGBUF_PAGES 16
-#endif
 #ifndef RH_MAX_LANE_PORTS
 #define RH_MAX_LANE_PORTS 4096
 #endif
@@ -25,8 +22,6 @@
 #define RH_AF_INET6 10
 #define RH_IPPROTO_TCP 6
 
-BPF_RINGBUF_OUTPUT(rh_events, RH_RINGBUF_PAGES);
-BPF_ARRAY(rh_drops, u64, 1);
 BPF_HASH(rh_lane_ports, u16, u8, RH_MAX_LANE_PORTS);
 
 static __always_inline int rh_is_lane(__u16 sport, __u16 dport)
@@ -38,26 +33,6 @@ static __always_inline int rh_is_lane(__u16 sport, __u16 dport)
 	}
 	v = rh_lane_ports.lookup(&dport);
 	return v && (*v & 2);
-}
-
-static __always_inline struct rh_tcp_ev *rh_reserve(__u32 kind, __u32 hook)
-{
-	struct rh_tcp_ev *e = rh_events.ringbuf_reserve(sizeof(struct rh_tcp_ev));
-	int zero = 0;
-	u64 *drops;
-
-	if (!e) {
-		drops = rh_drops.lookup(&zero);
-		if (drops) {
-			__sync_fetch_and_add(drops, 1);
-		}
-		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->h.ts_ns = bpf_ktime_get_ns();
-	e->h.kind = kind;
-	e->h.hook = hook;
-	return e;
 }
 
 #if defined(RH_RETRANS_RAW_TP) || defined(RH_SKERR_RAW_TP) || defined(RH_LOSS_RAW_TP)
@@ -90,7 +65,7 @@ static __always_inline int rh_submit_sk(const char *sk, __u32 kind, __s32 value)
 	if (!rh_sk_ports(sk, &sport, &dport)) {
 		return 0;
 	}
-	e = rh_reserve(kind, RH_HOOK_RAW_TP);
+	e = RH_RESERVE(struct rh_tcp_ev, kind, RH_HOOK_RAW_TP);
 	if (!e) {
 		return 0;
 	}
@@ -118,7 +93,7 @@ static __always_inline int rh_submit_sk(const char *sk, __u32 kind, __s32 value)
 		bpf_probe_read_kernel(e->saddr, 4, sk + RH_OFF_SKC_RCV_SADDR);
 		bpf_probe_read_kernel(e->daddr, 4, sk + RH_OFF_SKC_DADDR);
 	}
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -160,7 +135,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 	if (!rh_is_lane(args->sport, args->dport)) {
 		return 0;
 	}
-	e = rh_reserve(RH_EV_TCP_RETRANS, RH_HOOK_TP);
+	e = RH_RESERVE(struct rh_tcp_ev, RH_EV_TCP_RETRANS, RH_HOOK_TP);
 	if (!e) {
 		return 0;
 	}
@@ -169,7 +144,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 #ifdef RH_TP_RETRANS_HAS_ERR
 	e->value = args->err;
 #endif
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -198,13 +173,13 @@ TRACEPOINT_PROBE(sock, inet_sk_error_report)
 	if (args->protocol != RH_IPPROTO_TCP || !rh_is_lane(args->sport, args->dport)) {
 		return 0;
 	}
-	e = rh_reserve(RH_EV_TCP_ERROR, RH_HOOK_TP);
+	e = RH_RESERVE(struct rh_tcp_ev, RH_EV_TCP_ERROR, RH_HOOK_TP);
 	if (!e) {
 		return 0;
 	}
 	RH_TP_ADDRS(e, args);
 	e->value = args->error;
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif
@@ -229,13 +204,13 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 	if (args->cong_state != RH_TCP_CA_LOSS || !rh_is_lane(args->sport, args->dport)) {
 		return 0;
 	}
-	e = rh_reserve(RH_EV_TCP_LOSS, RH_HOOK_TP);
+	e = RH_RESERVE(struct rh_tcp_ev, RH_EV_TCP_LOSS, RH_HOOK_TP);
 	if (!e) {
 		return 0;
 	}
 	RH_TP_ADDRS(e, args);
 	e->value = args->cong_state;
-	rh_events.ringbuf_submit(e, 0);
+	rh_submit(e);
 	return 0;
 }
 #endif

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -265,6 +266,10 @@ def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Ev
     if nic is None:
         return None
     t = ev.t_ns / 1e9
+    if ev.type is EventType.LANE_TIMEOUT and ev.error == errno.EREMOTEIO:
+        # the peer timed out on the lane and told this side: the fault may be at the peer's
+        # end, and taking this NIC down would move its lanes to every other peer too
+        return health.Suspicion(nic, t, detail=f"peer-reported lane timeout, pid {ev.pid}")
     if ev.type is EventType.LANE_TIMEOUT:
         return health.LaneTimeout(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id}")
     if ev.type is EventType.LANE_ERROR:
@@ -1060,6 +1065,9 @@ class Agent:
         if not callable(start_sync):
             return asyncio.ensure_future(s.start(self._emit_source))
         loop = asyncio.get_running_loop()
+        bind = getattr(s, "bind_loop", None)
+        if callable(bind):  # eBPF: records are read on this loop, next to netlink's socket
+            bind(loop)
         fut: asyncio.Future[list[Any]] = loop.create_future()
 
         def deliver(res: list[Any] | None, exc: BaseException | None) -> None:

@@ -120,3 +120,39 @@ def test_every_hook_is_attached_or_skipped_with_a_reason() -> None:
                 assert "fentry:" in carrier[0].detail
         finally:
             src.stop_sync()
+
+
+@pytest.mark.parametrize("mech", ["raw_tp", "tp"])
+def test_every_carrier_and_tcp_variant_loads_here(mech: str) -> None:
+    """Each probe file, composed with the shared ring-buffer prelude, compiles, loads and
+    attaches in every variant this kernel offers (fentry is refused here, RDMA has no hooks)."""
+    for cls in (CarrierSource, TcpLaneSource):
+        src = cls(allow=frozenset({mech}))
+        caps = src.start_sync(lambda _e: None)
+        try:
+            assert caps and all(c.attached for c in caps), [c.line() for c in caps]
+            assert {c.mechanism.split(":")[0] for c in caps} == {mech}
+            assert src.drops() == 0
+            assert src.prog_stats()  # the loaded programs, by function name
+        finally:
+            src.stop_sync()
+
+
+def test_rdma_probe_compiles_though_nothing_attaches_here() -> None:
+    """No RDMA hook exists on this kernel, but the composed rdma_drv program must still compile:
+    its fentry variant gets as far as the load (refused here: no ib_dispatch_event), never to a
+    C error (which bcc reports as "Failed to compile BPF module")."""
+    from bcc import BPF
+
+    from railhop import paths
+    from railhop.sources.compose import compose
+    from railhop.sources.ebpf import RDMA_DRV
+
+    d = paths.bpf_dir()
+    text = compose(d, RDMA_DRV.file, RDMA_DRV.preludes)
+    offs = ["-DRH_OFF_IBEV_DEVICE=0", "-DRH_OFF_IBEV_PORT=8", "-DRH_OFF_IBEV_EVENT=12"]
+    flags = [f"-I{d}", "-DRH_IB_EVENT_FENTRY", *offs, "-DRH_OFF_IBDEV_NAME=16"]
+    try:
+        BPF(text=text.encode(), cflags=flags).cleanup()  # a kernel that has it and allows fentry
+    except Exception as e:
+        assert "Failed to load BPF program b'kfunc__ib_dispatch_event'" in str(e), e

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require
+from railhop.sources.bpfstats import RunStats
 from railhop.sources.events import Event, PluginLaneEvent
 from railhop.sources.usdt import LANE_PROBES, UsdtSource, stapsdt_notes
 
@@ -87,13 +88,22 @@ def test_usdt_lane_events_and_completion_totals(fake_lib: Path) -> None:
     try:
         assert all(c.attached for c in caps), [c.line() for c in caps]
         assert {c.hook for c in caps} == {*LANE_PROBES, "req_done"}
-        out = subprocess.run(
-            [sys.executable, "-c", DRIVER, str(fake_lib)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        with RunStats():  # the kernel counts each program's runs and run time meanwhile
+            before = src.prog_stats()
+            out = subprocess.run(
+                [sys.executable, "-c", DRIVER, str(fake_lib)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            runs = {k: v.minus(before[k]) for k, v in src.prog_stats().items()}
+        # only the driver maps this library: one program run per probe hit, each timed
+        assert {k: v.run_cnt for k, v in runs.items()} == {
+            **{f"rh_usdt_{p}": 1 for p in LANE_PROBES},
+            "rh_usdt_req_done": 1000,
+        }
+        assert all(v.run_time_ns > 0 for v in runs.values()), runs
         assert out.stdout.strip() == "done"
         assert _wait(lambda: len(events) >= 5, 5.0), events
         lane = [e for e in events if isinstance(e, PluginLaneEvent)]

@@ -4,6 +4,7 @@ the table follows with plans, a bad policy reload keeps the last good one, SIGTE
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import socket
@@ -66,6 +67,11 @@ def test_source_events_translate_to_health_events() -> None:
     lane = LaneEvent(EventType.LANE_TIMEOUT, pid=9, nic="ibp93s0", t_ns=t, conn_id=4)
     assert daemon.health_event_from_lane(lane, alias) == health.LaneTimeout(
         "ibp93s0", 5.0, detail="pid 9 conn 4"
+    )
+    # a timeout the peer saw and reported (EREMOTEIO) only makes this NIC suspect
+    peer = LaneEvent(EventType.LANE_TIMEOUT, pid=9, nic="ibp93s0", t_ns=t, error=errno.EREMOTEIO)
+    assert daemon.health_event_from_lane(peer, alias) == health.Suspicion(
+        "ibp93s0", 5.0, detail="peer-reported lane timeout, pid 9"
     )
     # a lane coming up / failing back on a NIC is positive evidence: a probe that passed
     up = LaneEvent(EventType.LANE_UP, pid=9, nic="ibp93s0", t_ns=t)

@@ -20,6 +20,11 @@ from railhop.sources.netlink import LinkTracker, parse
 # carrier.bpf.c, raw tracepoint qdisc_reset: veth rhcapA (ifindex 40, init netns 4026531833)
 # lost carrier
 RAW_TP_CARRIER = "d719b69786010000010000000200000028000000f9ffffef72686361704100000000000000000000"
+# carrier.bpf.c, raw tracepoint qdisc_reset from dev_close(): fabric nic0 (ifindex 2, netns
+# 4026532317) set administratively down, carrier not yet off
+RAW_TP_DEV_CLOSE = (
+    "8e8f2a376b0800000d0000000200000002000000dd0100f06e696330000000000000000000000000"
+)
 # carrier.bpf.c, tracepoint qdisc:qdisc_reset: 16 bytes copied from the __data_loc string, so the
 # next string ("noqueue") follows the name's NUL
 TP_QDISC = "67d33fa3e800000003000000030000000000000000000000726863617041006e6f71756575650000"
@@ -98,6 +103,23 @@ def test_raw_tp_carrier() -> None:
         certain=True,
         netns_ino=4026531833,
     )
+
+
+def test_raw_tp_dev_close_is_a_certain_carrier_down() -> None:
+    ev = D.decode(bytes.fromhex(RAW_TP_DEV_CLOSE), "ebpf.carrier")
+    assert ev == CarrierDown(
+        ts_ns=0x086B372A8F8E,
+        source="ebpf.carrier",
+        hook="raw_tp:qdisc_reset",
+        ifname="nic0",
+        ifindex=2,
+        operstate="DOWN",
+        certain=True,
+        netns_ino=4026532317,
+    )
+    # the same record cut short is refused, not half-decoded
+    with pytest.raises(D.DecodeError):
+        D.decode(bytes.fromhex(RAW_TP_DEV_CLOSE)[:30], "ebpf.carrier")
 
 
 def test_tp_qdisc_is_an_uncertain_carrier_down() -> None:

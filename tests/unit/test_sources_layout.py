@@ -120,5 +120,6 @@ def test_event_kinds_match_header() -> None:
         "CM_REMOVE",
         "MLX5_CMD",
         "IB_EVENT",
+        "DEV_CLOSE",
     ):
         assert defs[f"RH_EV_{name}"] == getattr(D, f"EV_{name}")

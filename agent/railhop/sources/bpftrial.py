@@ -7,7 +7,8 @@ back. Request::
 
     {"src": "/abs/probe.bpf.c", "base": [cflags], "chosen": [[cflags], ...],
      "hooks": [[{"i": 0, "cflags": [...]}, ...], ...],
-     "usdt": null | {"path": ..., "probes": [[probe, fn]]}}
+     "usdt": null | {"path": ..., "probes": [[probe, fn]]},
+     "text": null | "<the composed program (sources/compose.py); else src is compiled>"}
 
 For each hook its candidates are tried in order until one loads (``{"start": i}`` then
 ``{"done": i, "ok": true|false, "err": "..."}``); finally all winners plus ``chosen`` are loaded
@@ -49,7 +50,11 @@ def _try(req: dict[str, Any], cflags: list[str]) -> str:
             for probe, fn in u["probes"]:
                 ctx.enable_probe(probe=probe, fn_name=fn)
             usdt_ctx.append(ctx)
-        b = BPF(src_file=req["src"].encode(), cflags=cflags, usdt_contexts=usdt_ctx)
+        text = req.get("text")
+        if text:
+            b = BPF(text=text.encode(), cflags=cflags, usdt_contexts=usdt_ctx)
+        else:
+            b = BPF(src_file=req["src"].encode(), cflags=cflags, usdt_contexts=usdt_ctx)
         b.cleanup()
     except Exception as e:
         return f"{type(e).__name__}: {e}"

@@ -40,6 +40,7 @@ EV_CM_REMOVE = 9
 EV_MLX5_CMD = 10
 EV_IB_EVENT = 11
 EV_USDT = 12
+EV_DEV_CLOSE = 13
 
 HOOKS = {1: "fentry", 2: "raw_tp", 3: "tp", 4: "usdt"}
 
@@ -129,13 +130,14 @@ def decode(raw: bytes, source: str) -> Event:
         raise DecodeError(f"record of {len(raw)} bytes is shorter than the header")
     ts, kind, hook_id = HDR.unpack_from(raw)
     hook = HOOKS.get(hook_id, str(hook_id))
-    if kind in (EV_CARRIER_DOWN, EV_CARRIER_UP, EV_QDISC_RESET):
+    if kind in (EV_CARRIER_DOWN, EV_CARRIER_UP, EV_QDISC_RESET, EV_DEV_CLOSE):
         _need(raw, NETDEV, kind)
         _, _, _, ifindex, netns_ino, name = NETDEV.unpack_from(raw)
         where = {
             EV_CARRIER_DOWN: "netif_carrier_off",
             EV_CARRIER_UP: "netif_carrier_on",
             EV_QDISC_RESET: "qdisc_reset",
+            EV_DEV_CLOSE: "qdisc_reset",
         }[kind]
         if hook == "raw_tp":
             where = "qdisc_reset"
@@ -156,7 +158,9 @@ def decode(raw: bytes, source: str) -> Event:
             ifname=cstr(name),
             ifindex=ifindex,
             netns_ino=netns_ino,
-            certain=kind == EV_CARRIER_DOWN,
+            # an administrative down (dev_close) takes the link away as surely as carrier loss
+            operstate="DOWN" if kind == EV_DEV_CLOSE else "",
+            certain=kind in (EV_CARRIER_DOWN, EV_DEV_CLOSE),
         )
     if kind in TCP_REASONS:
         _need(raw, TCP, kind)

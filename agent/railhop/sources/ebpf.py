@@ -3,12 +3,18 @@ kernel, and turn its ring-buffer records into events.
 
 Start-up of one source: privilege -> bcc importable -> kernel headers -> tracefs (mounted when
 missing) -> BTF -> :func:`railhop.sources.hooks.plan` -> trial child (compile/load/attach each
-variant, fentry first; a crash costs only the child) -> load the winners in this process ->
-a thread polls the ring buffer (the ctypes poll releases the GIL) and emits decoded events.
+variant, fentry first; a crash costs only the child) -> load the winners in this process.
+
+Delivery: when the source is bound to an asyncio loop (``bind_loop``; ``start`` binds the running
+loop), the ring buffer's map fd is watched with ``loop.add_reader`` and drained with
+``ring_buffer_consume()`` on the loop itself, so a record is decoded and emitted in the same
+``epoll_wait`` round that sees it, in kernel order relative to the loop's other fds (netlink):
+no thread, no GIL hand-over. Without a loop, a thread polls the ring buffer instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import json
@@ -26,6 +32,8 @@ from railhop.sources import btf as btfmod
 from railhop.sources import hooks as H
 from railhop.sources import kernel
 from railhop.sources.base import Capability, Emit, Reason, SourceError
+from railhop.sources.bpfstats import ProgStats, prog_stats
+from railhop.sources.compose import ComposeError, compose
 from railhop.sources.decode import DecodeError, decode
 from railhop.sources.events import CarrierDown, Event
 
@@ -89,9 +97,11 @@ def run_trials(
     p: H.Plan,
     usdt: dict[str, Any] | None = None,
     timeout_s: float = TRIAL_TIMEOUT_S,
+    text: str | None = None,
 ) -> H.TrialOutcome:
     """Try the plan's candidates in child processes; a child that dies on a candidate marks it
-    failed and a fresh child goes on with the rest."""
+    failed and a fresh child goes on with the rest. ``text``: the composed program (else the
+    file ``src`` is compiled as it is)."""
     out = H.TrialOutcome()
     deadline = time.monotonic() + timeout_s
     env = dict(os.environ)
@@ -108,6 +118,7 @@ def run_trials(
             "chosen": [list(w.cflags) for w in winners],
             "hooks": [[{"i": c.index, "cflags": list(c.cflags)} for c in hc] for hc in todo],
             "usdt": usdt,
+            "text": text,
         }
         left = deadline - time.monotonic()
         if left <= 0:
@@ -203,6 +214,9 @@ class EbpfSource:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._emit: Emit | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader_fd: int | None = None
+        self.delivery = ""  # "loop" (add_reader on the ring buffer) | "thread" (poll thread)
         self.capabilities: list[Capability] = []
         self.decode_errors = 0
         self.poll_errors = 0
@@ -218,13 +232,17 @@ class EbpfSource:
     def base_cflags(self) -> list[str]:
         return [f"-I{self._bpf_dir}", *self.spec.cflags]
 
+    def text(self) -> str:
+        """The program as bcc compiles it: preludes + probe file (:mod:`sources.compose`)."""
+        return compose(self._bpf_dir, self.spec.file, self.spec.preludes)
+
     def usdt_request(self) -> dict[str, Any] | None:
         return None
 
     def _construct(self, cflags: list[str]) -> Any:
         from bcc import BPF
 
-        return BPF(src_file=str(self._src()).encode(), cflags=cflags)
+        return BPF(text=self.text().encode(), cflags=cflags)
 
     def probe(self) -> tuple[list[Capability], list[str]]:
         """Decide the variants (runs the trial child); returns records and the final cflags."""
@@ -233,13 +251,23 @@ class EbpfSource:
             return H.all_skipped(self.spec, pre.reason, pre.detail), []
         if not self._src().is_file():
             return H.all_skipped(self.spec, Reason.NOT_AVAILABLE, f"missing {self._src()}"), []
+        try:
+            text = self.text()
+        except ComposeError as e:
+            return H.all_skipped(self.spec, Reason.NOT_AVAILABLE, str(e)), []
         p = H.plan(self.spec, pre.env, self.allow)
         if not any(p.candidates):
             caps, _f, self.chosen = H.resolve(self.spec, p, H.TrialOutcome())
             return caps, []
-        outcome = run_trials(str(self._src()), self.base_cflags(), p, self.usdt_request())
+        outcome = run_trials(
+            str(self._src()), self.base_cflags(), p, self.usdt_request(), text=text
+        )
         caps, flags, self.chosen = H.resolve(self.spec, p, outcome)
         return caps, flags
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver events on ``loop`` (call before ``start_sync``, from any thread)."""
+        self._loop = loop
 
     def start_sync(self, emit: Emit) -> list[Capability]:
         caps, flags = self.probe()
@@ -250,6 +278,7 @@ class EbpfSource:
             self._bpf = self._construct(self.base_cflags() + flags)
             self.after_load(self._bpf)
             self._bpf[b"rh_events"].open_ring_buffer(self._on_record)
+            fd = int(self._bpf[b"rh_events"].map_fd)
         except Exception as e:
             self._bpf = None
             self.capabilities = H.all_skipped(
@@ -258,17 +287,75 @@ class EbpfSource:
             return self.capabilities
         self._emit = emit
         self._stop.clear()
+        loop = self._loop
+        if loop is not None and _running_loop() is loop:
+            self.delivery = "loop"
+            self._add_reader(fd)
+            return caps
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._add_reader, fd)
+                self.delivery = "loop"
+                return caps
+            except RuntimeError:  # the loop was closed meanwhile: poll instead
+                pass
+        self.delivery = "thread"
         self._thread = threading.Thread(target=self._poll, name=f"rh-{self.name}", daemon=True)
         self._thread.start()
         return caps
 
     async def start(self, emit: Emit) -> list[Capability]:
-        import asyncio
-
+        if self._loop is None:
+            self.bind_loop(asyncio.get_running_loop())
         return await asyncio.to_thread(self.start_sync, emit)
 
     def after_load(self, bpf: Any) -> None:
         """Subclass hook: fill maps after the program is loaded."""
+
+    def _add_reader(self, fd: int) -> None:
+        """On the loop: watch the ring buffer (level-triggered: records already there count)."""
+        if self._bpf is None or self._stop.is_set() or self._loop is None:
+            return
+        self._loop.add_reader(fd, self._readable)
+        self._reader_fd = fd
+
+    def _readable(self) -> None:
+        b = self._bpf
+        if b is None:
+            return
+        try:
+            b.ring_buffer_consume()  # non-blocking; runs _on_record for every pending record
+        except Exception:  # one bad record must not stop the loop
+            self.poll_errors += 1
+
+    def _remove_reader(self) -> None:
+        fd, self._reader_fd = self._reader_fd, None
+        loop = self._loop
+        if fd is not None and loop is not None and not loop.is_closed():
+            loop.remove_reader(fd)
+
+    def _detach(self, timeout_s: float) -> None:
+        """Stop watching the ring buffer, on the loop's thread when the loop runs elsewhere."""
+        loop = self._loop
+        if self._reader_fd is None or loop is None or loop.is_closed():
+            self._reader_fd = None
+            return
+        if _running_loop() is loop or not loop.is_running():
+            self._remove_reader()
+            return
+        done = threading.Event()
+
+        def rm() -> None:
+            try:
+                self._remove_reader()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(rm)
+        except RuntimeError:  # closed meanwhile
+            return
+        done.wait(timeout_s)
 
     def _poll(self) -> None:
         b = self._bpf
@@ -297,6 +384,17 @@ class EbpfSource:
     def filter_event(self, ev: Event) -> Event | None:
         return ev
 
+    def prog_stats(self) -> dict[str, ProgStats]:
+        """Run count and run time of each loaded program, by function name (counted only while
+        BPF statistics are enabled: :class:`railhop.sources.bpfstats.RunStats`)."""
+        if self._bpf is None:
+            return {}
+        out: dict[str, ProgStats] = {}
+        for name, fn in list(self._bpf.funcs.items()):
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            out[key] = prog_stats(int(fn.fd))
+        return out
+
     def drops(self) -> int:
         if self._bpf is None:
             return 0
@@ -304,6 +402,7 @@ class EbpfSource:
 
     def stop_sync(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._detach(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
@@ -312,14 +411,24 @@ class EbpfSource:
             self._bpf = None
 
     async def stop(self) -> None:
-        import asyncio
-
+        self._stop.set()
+        if _running_loop() is self._loop:
+            self._remove_reader()
         await asyncio.to_thread(self.stop_sync)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 # ----------------------------------------------------------------------------------------------
 # The probes
 
+
+RINGBUF = ("rh_ringbuf.c",)  # ring buffer, drop counter, RH_RESERVE (bpf/rh_ringbuf.c)
 
 # netns inode of a struct net: net.ns.inum (what stat(/proc/<pid>/ns/net).st_ino shows)
 NET_INUM = H.offset_chain("RH_OFF_NET_INUM", ("net", "ns"), ("ns_common", "inum"))
@@ -338,6 +447,7 @@ NETDEV_NETNS = H.optional(
 CARRIER = H.ProbeSpec(
     source="ebpf.carrier",
     file="carrier.bpf.c",
+    preludes=RINGBUF,
     hooks=(
         H.Hook(
             "carrier",
@@ -368,6 +478,7 @@ CARRIER = H.ProbeSpec(
                         H.enum_value(
                             "RH_NOCARRIER_BIT", "netdev_state_t", "__LINK_STATE_NOCARRIER"
                         ),
+                        H.enum_value("RH_START_BIT", "netdev_state_t", "__LINK_STATE_START"),
                     ),
                 ),
                 H.Variant(
@@ -399,6 +510,7 @@ SOCK_NETNS = H.optional(
 TCP_LANE = H.ProbeSpec(
     source="ebpf.tcp",
     file="tcp_lane.bpf.c",
+    preludes=RINGBUF,
     hooks=(
         H.Hook(
             "retransmit",
@@ -475,6 +587,7 @@ TCP_LANE = H.ProbeSpec(
 RDMA_DRV = H.ProbeSpec(
     source="ebpf.rdma",
     file="rdma_drv.bpf.c",
+    preludes=RINGBUF,
     hooks=(
         H.Hook(
             "ib_event",

@@ -184,6 +184,7 @@ class ProbeSpec:
     file: str  # file name under bpf/
     hooks: tuple[Hook, ...]
     cflags: tuple[str, ...] = ()
+    preludes: tuple[str, ...] = ()  # files under bpf/ put in front of it (sources/compose.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
+from railhop.sources.compose import ComposeError
 from railhop.sources.ebpf import EbpfSource, precheck, run_trials
 
 PROVIDER = "railhop"
@@ -25,7 +26,9 @@ ALL_PROBES = (*LANE_PROBES, "req_done")
 MAX_ARGS = 4
 LAT_BUCKETS = 40
 
-SPEC = H.ProbeSpec(source="usdt.plugin", file="plugin_usdt.bpf.c", hooks=())
+SPEC = H.ProbeSpec(
+    source="usdt.plugin", file="plugin_usdt.bpf.c", hooks=(), preludes=("rh_ringbuf.c",)
+)
 
 
 class UsdtError(SourceError):
@@ -185,6 +188,7 @@ class UsdtSource(EbpfSource):
         out: list[str] = []
         for p, n in self._usable.items():
             out.append(f"-DRH_USE_{p}")
+            out.append(f"-DRH_NA_{p}={min(n.nargs, MAX_ARGS)}")
             for i, t in enumerate(n.arg_types()[:MAX_ARGS], start=1):
                 out.append(f"-DRH_AT_{p}_{i}={t}")
         return out
@@ -203,7 +207,7 @@ class UsdtSource(EbpfSource):
     def _construct(self, cflags: list[str]) -> Any:
         from bcc import BPF
 
-        return BPF(src_file=str(self._src()).encode(), cflags=cflags, usdt_contexts=[self._usdt()])
+        return BPF(text=self.text().encode(), cflags=cflags, usdt_contexts=[self._usdt()])
 
     def probe(self) -> tuple[list[Capability], list[str]]:
         try:
@@ -222,7 +226,15 @@ class UsdtSource(EbpfSource):
             ], []
         # one candidate with all probes: the probes share the program, so they load together
         plan = H.Plan([[H.Candidate(0, 0, 0, tuple(self._flags()))]], [[]])
-        outcome = run_trials(str(self._src()), self.base_cflags(), plan, self.usdt_request())
+        try:
+            text = self.text()
+        except ComposeError as e:
+            return caps + [
+                skipped(SPEC.source, p, Reason.NOT_AVAILABLE, str(e)) for p in self._usable
+            ], []
+        outcome = run_trials(
+            str(self._src()), self.base_cflags(), plan, self.usdt_request(), text=text
+        )
         ok = outcome.results.get(0, (False, ""))[0] and outcome.combined_ok
         err = outcome.results.get(0, (False, outcome.combined_err))[1] or outcome.combined_err
         for p in self._usable:
