@@ -123,8 +123,9 @@ def _read_topology(root: Path, nics: Sequence[str]) -> Topology:
 
 
 def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list[SourceLike]:
-    """netlink link events and sysfs counters for the managed netdevs; a source whose module
-    cannot be imported is logged and left out (the others carry on)."""
+    """The sources ``config.sources`` names for the managed netdevs (netlink link events, sysfs
+    counters, eBPF carrier/TCP-lane probes); a source whose module cannot be imported is logged
+    and left out (the others carry on)."""
     ifnames = [ifname_of(n) for n in topo.nics]
     out: list[SourceLike] = []
     if "netlink" in config.sources:
@@ -291,7 +292,8 @@ class UsdtLaneTranslator:
     events, for traces and metrics when the plugin does not report on ``agent.sock``. Pure
     (state: which NIC each lane uses). Probe arguments (plugin/src/probes.h):
     lane_up(conn, lane, lnic, rnic), lane_down(conn, lane, lnic, err),
-    failover_start(conn, lane, err), failover_end(conn, epoch, nactive), failback(conn, lane);
+    failover_start(conn, lane, err), failover_end(conn, epoch, nactive, bytes_replayed),
+    failback(conn, lane);
     ``lnic`` indexes the plugin's NIC list ``nics`` (sorted auto-detected names or RAILHOP_NICS).
     """
 

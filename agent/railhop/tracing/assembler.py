@@ -465,7 +465,7 @@ class FailoverAssembler:
                 attrs["railhop.remote.nic"] = mig.remote_nic
             if mig.error:
                 attrs["error.type"] = errno_name(mig.error)
-            replayed = getattr(ev, "bytes_replayed", None)  # not in event v1: see docs
+            replayed = getattr(ev, "bytes_replayed", None)  # absent on USDT-built events
             if isinstance(replayed, int):
                 attrs["railhop.replay.bytes"] = replayed
             out.append(

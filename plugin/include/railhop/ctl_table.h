@@ -141,7 +141,8 @@ struct rh_ctl_nic {
 struct rh_ctl_backup {
 	uint16_t local_nic; /* index into nics[], < nic_count */
 	uint16_t remote_rail; /* rail of the remote NIC to pair with; RH_CTL_NO_RAIL: any */
-	uint16_t weight; /* share of the moved traffic, relative to the other entries */
+	uint16_t weight; /* share of the moved traffic x 10000 (the plugin gives the largest share
+			  * of a plan the ranking's top weight, the others in proportion) */
 	uint8_t distance; /* enum rh_distance of local_nic from the failed NIC, or NO_DISTANCE */
 	uint8_t reserved;
 };
@@ -245,7 +246,7 @@ struct rh_lane_event {
 	uint32_t epoch; /* the connection's lane epoch */
 	uint32_t lane; /* lane index within the connection */
 	uint64_t t_ns; /* CLOCK_MONOTONIC when it happened */
-	uint64_t duration_ns; /* FAILOVER_END: since START; TIMEOUT: time waited; else 0 */
+	uint64_t duration_ns; /* FAILOVER_END: since START; else 0 (reserved for TIMEOUT) */
 	int32_t error; /* errno-style cause (positive), 0 if none */
 	uint32_t flags; /* reserved, senders write 0, the agent ignores unknown bits */
 	char nic[RH_CTL_IFNAME_LEN]; /* local NIC of the lane (non-empty) */

@@ -163,7 +163,14 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 {
 	struct rh_plan_entry e[16];
 	uint64_t now = rh_now_ms();
-	int ne = rh_ctl_plan_for(c->lnic_orig, e, 16), n = 0;
+	int ne = rh_ctl_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
+
+	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
+	 * 1..4 (4 = half a primary lane's streams): the largest share maps to 4, the others in
+	 * proportion, a zero share (a fallback) to 1. */
+	for (int i = 0; i < ne; i++) {
+		wmax = e[i].weight > wmax ? e[i].weight : wmax;
+	}
 
 	for (int i = 0; i < ne && n < max; i++) {
 		int best = -1;
@@ -193,7 +200,10 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 			out[n].local = e[i].lnic;
 			out[n].remote = best;
 			out[n].dist = RH_DIST_NODE;
-			out[n].weight = e[i].weight > 4 ? 4 : e[i].weight;
+			out[n].weight = wmax > 0 ? (4 * e[i].weight + wmax / 2) / wmax : 1;
+			if (out[n].weight < 1) {
+				out[n].weight = 1;
+			}
 			n++;
 		}
 	}
