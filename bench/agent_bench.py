@@ -16,7 +16,8 @@ plugins of that node use through RAILHOP_RUN_DIR); "no agent" runs use a run dir
 
     sudo RAILHOP_PLUGIN_PATH=build/agent/plugin/libnccl-net-railhop.so \\
          RAILHOP_HARNESS_PATH=build/agent/plugin/railhop-harness \\
-         .venv/bin/python bench/agent_bench.py [--only a,b,c,d,e] [--json out.json]
+         .venv/bin/python bench/agent_bench.py [--only a,b,c,d,e] [--rate-mbit 200|0] \\
+         [--repeat N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -216,10 +217,15 @@ def throughput(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", default="a,b,c,d,e")
-    ap.add_argument("--rate-mbit", type=int, default=200)
+    ap.add_argument(
+        "--rate-mbit", type=int, default=200, help="tbf per NIC; 0 = unlimited veths (a-d)"
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of (a) and (d), interleaved")
     ap.add_argument("--json")
     args = ap.parse_args()
     which = set(args.only.split(","))
+    if args.repeat < 1 or args.rate_mbit < 0:
+        ap.error("--repeat >= 1 and --rate-mbit >= 0")
     _common.need_root("bench/agent_bench.py")
     use_source_tree_build()
     try:
@@ -235,14 +241,15 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="rh-agent-bench-"))
     served = tmp / "agent"
     if which & {"a", "b", "c", "d"}:
-        with Fabric(nodes=2, nics=4, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhab")) as fab:
+        rate = args.rate_mbit or None
+        with Fabric(nodes=2, nics=4, rate_mbit=rate, prefix=unique_prefix("rhab")) as fab:
             agents = Agents(fab, served, "netlink,sysfs,ebpf", usdt="c" in which)
             try:
                 took = agents.wait_ready()
                 print(f"  agents up (eBPF compiled) in {took:.1f} s; capability report, node 0:")
                 for line in agents.capabilities():
                     print(f"    {line}")
-                if "a" in which:
+                for rnd in range(args.repeat if "a" in which else 0):
                     none, ok0, why0 = scenario(fab, "carrier", fresh(tmp, None))
                     fab.heal_all()
                     with_, ok1, why1 = scenario(fab, "carrier", fresh(tmp, served))
@@ -250,14 +257,17 @@ def main() -> int:
                     ok &= ok0 and ok1
                     ratio = with_ / none if none else float("nan")
                     print(
-                        f"[a] carrier loss, extra step time: no agent {none * 1e3:.0f} ms, "
-                        f"agent {with_ * 1e3:.0f} ms (ratio {ratio:.2f}; target <= 100 ms: "
-                        f"{'PASS' if with_ <= 0.1 else 'MISS'}) bytes ok={ok0 and ok1}"
+                        f"[a] round {rnd + 1}: carrier loss, extra step time: no agent "
+                        f"{none * 1e3:.0f} ms, agent {with_ * 1e3:.0f} ms (ratio {ratio:.2f}; "
+                        f"target <= 100 ms: {'PASS' if with_ <= 0.1 else 'MISS'}) "
+                        f"bytes ok={ok0 and ok1}"
                     )
                     for why in (why0, why1):
                         if why:
                             print(why)
-                    out["a"] = {"no_agent_s": none, "agent_s": with_, "ok": ok0 and ok1}
+                    out.setdefault("a", []).append(
+                        {"no_agent_s": none, "agent_s": with_, "ok": ok0 and ok1}
+                    )
                     time.sleep(2.0)  # hold-off + stability: nic1 back UP in the agent
                 if "c" in which:
                     pid = agents.procs[0].pid
@@ -291,22 +301,25 @@ def main() -> int:
                         )
                         out.setdefault("b", {})[label] = {"resume_s": res_s, "ok": okb}
                         time.sleep(1.0)
-                if "d" in which:
+                for rnd in range(args.repeat if "d" in which else 0):
                     none, ok0, why0 = scenario(fab, "blackhole", fresh(tmp, None))
                     fab.heal_all()
                     with_, ok1, why1 = scenario(fab, "blackhole", fresh(tmp, served))
                     fab.heal_all()
                     ok &= ok0 and ok1
                     print(
-                        f"[d] silent blackhole, extra step time: no agent {none * 1e3:.0f} ms, "
-                        f"agent+eBPF {with_ * 1e3:.0f} ms (ratio "
+                        f"[d] round {rnd + 1}: silent blackhole, extra step time: no agent "
+                        f"{none * 1e3:.0f} ms, agent+eBPF {with_ * 1e3:.0f} ms (ratio "
                         f"{with_ / none if none else float('nan'):.2f}; target <= 400 ms: "
                         f"{'PASS' if with_ <= 0.4 else 'MISS'}) bytes ok={ok0 and ok1}"
                     )
                     for why in (why0, why1):
                         if why:
                             print(why)
-                    out["d"] = {"no_agent_s": none, "agent_s": with_, "ok": ok0 and ok1}
+                    out.setdefault("d", []).append(
+                        {"no_agent_s": none, "agent_s": with_, "ok": ok0 and ok1}
+                    )
+                    time.sleep(2.0)
             finally:
                 agents.stop()
     if "e" in which:
