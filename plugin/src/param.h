@@ -48,7 +48,10 @@
 	 * ~0.7 s at 200 Mbit/s and got healthy lanes failed. A fixed size disables autotuning. */ \
 	X(SOCKBUF, int, 0, "lane socket buffer size, 0 = kernel autotuning")                     \
 	/* Local carrier poll interval (ms, 0 = off). */                                         \
-	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")
+	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")                                   \
+	/* Lane transport: tcp, ofi (libfabric FI_EP_MSG + FI_RMA; provider as libfabric /     \
+	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */ \
+	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")
 
 struct rh_params {
 #define RH_PARAM_FIELD_int(name) int64_t name
