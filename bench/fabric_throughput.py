@@ -6,7 +6,12 @@ wire bytes) over the same steady window, with all NICs busy at once and the same
 streams per NIC (iperf3 -P = the plugin's RAILHOP_STREAMS_PER_LANE). Rounds alternate
 iperf3 / plugin; the medians give the ratio (target >= 0.9).
 
+With --transports tcp,ofi every round runs the plugin once per lane transport (RAILHOP_TRANSPORT;
+ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
+summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
+
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
+    sudo python3 bench/fabric_throughput.py --transports tcp,ofi
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from railhop.fabric import CounterSampler, Fabric, in_netns, unique_prefix  # no
 from railhop.harness import HarnessConfig, HarnessRun, rate_between, use_source_tree_build  # noqa: E402
 
 IPERF_PORT = 5201
+
+# The harness environment of each lane transport.
+TRANSPORT_ENV = {
+    "tcp": {"RAILHOP_TRANSPORT": "tcp"},
+    "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
+}
 
 
 def listening(fab: Fabric, node: int, port: int) -> bool:
@@ -78,9 +89,11 @@ def run_iperf(fab: Fabric, nics: int, streams: int, seconds: float) -> dict[str,
     return {"wire_Bps": wire, "goodput_Bps": goodput, "seconds": t_end - t_start}
 
 
-def run_plugin(fab: Fabric, nics: int, conns: int, seconds: float, size: int) -> dict[str, Any]:
+def run_plugin(
+    fab: Fabric, nics: int, conns: int, seconds: float, size: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     cfg = HarnessConfig(conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60)
-    with CounterSampler(fab, interval=0.1) as samp, HarnessRun(fab, cfg) as run:
+    with CounterSampler(fab, interval=0.1) as samp, HarnessRun(fab, cfg, env=env) as run:
         t_start = time.monotonic()
         res = run.wait()
         t_end = time.monotonic()
@@ -122,7 +135,16 @@ def main() -> int:
     ap.add_argument("--harness", help="railhop-harness (default: railhop.paths)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--env", action="append", default=[], help="K=V for the plugin (repeat)")
+    ap.add_argument(
+        "--transports",
+        default="",
+        help="lane transports side by side, e.g. tcp,ofi (default: the plugin's own choice)",
+    )
     args = ap.parse_args()
+    transports = [t for t in args.transports.split(",") if t]
+    for t in transports:
+        if t not in TRANSPORT_ENV:
+            ap.error(f"--transports: unknown transport {t!r} (known: {', '.join(TRANSPORT_ENV)})")
     for kv in args.env:
         k, _, v = kv.partition("=")
         os.environ[k] = v
@@ -147,34 +169,63 @@ def main() -> int:
         f"direction; {args.streams} TCP streams per NIC; plugin {plugin}"
     )
     rounds: list[dict[str, Any]] = []
+    labels = transports or ["plugin"]
     with Fabric(
         nodes=2, nics=args.nics, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhbt")
     ) as fab:
         for r in range(args.rounds):
             ip = run_iperf(fab, args.nics, args.streams, args.seconds)
-            pl = run_plugin(fab, args.nics, args.nics * args.conns_per_nic, args.seconds, args.size)
-            ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
-            print(
+            line = (
                 f"  round {r + 1}: iperf3 {_common.mbit(ip['wire_Bps']):8.1f} Mbit/s wire "
-                f"({_common.mbit(ip['goodput_Bps']):7.1f} goodput) | plugin "
-                f"{_common.mbit(pl['wire_Bps']):8.1f} Mbit/s wire "
-                f"({_common.mbit(pl['goodput_Bps']):7.1f} goodput, "
-                f"{pl['bytes_checked'] / 2**20:.0f} MiB checked) | ratio {ratio:.3f}"
+                f"({_common.mbit(ip['goodput_Bps']):7.1f} goodput)"
             )
-            rounds.append({"iperf3": ip, "plugin": pl, "ratio": ratio})
+            rnd: dict[str, Any] = {"iperf3": ip}
+            for label in labels:
+                pl = run_plugin(
+                    fab,
+                    args.nics,
+                    args.nics * args.conns_per_nic,
+                    args.seconds,
+                    args.size,
+                    TRANSPORT_ENV.get(label),
+                )
+                ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
+                line += (
+                    f" | {label} {_common.mbit(pl['wire_Bps']):8.1f} Mbit/s wire "
+                    f"({_common.mbit(pl['goodput_Bps']):7.1f} goodput, "
+                    f"{pl['bytes_checked'] / 2**20:.0f} MiB checked) ratio {ratio:.3f}"
+                )
+                rnd[label] = pl
+                rnd[f"ratio_{label}"] = ratio
+            print(line)
+            if len(labels) == 1:
+                rnd["plugin"], rnd["ratio"] = rnd[labels[0]], rnd[f"ratio_{labels[0]}"]
+            rounds.append(rnd)
     ceiling = args.nics * args.rate_mbit
     ip_med = _common.median([x["iperf3"]["wire_Bps"] for x in rounds])
-    pl_med = _common.median([x["plugin"]["wire_Bps"] for x in rounds])
-    ratio = pl_med / ip_med if ip_med else 0.0
-    errors = sum(x["plugin"]["data_errors"] for x in rounds)
+    med = {lb: _common.median([x[lb]["wire_Bps"] for x in rounds]) for lb in labels}
+    ratio = med[labels[0]] / ip_med if ip_med else 0.0
+    errors = sum(x[lb]["data_errors"] for x in rounds for lb in labels)
     print("summary:")
     print(f"  configured ceiling          {ceiling:8.1f} Mbit/s")
     print(f"  raw TCP (iperf3), median    {_common.mbit(ip_med):8.1f} Mbit/s")
-    print(f"  plugin (harness), median    {_common.mbit(pl_med):8.1f} Mbit/s")
-    print(
-        f"  plugin / raw TCP            {ratio:8.3f}   (target >= 0.9) "
-        f"{'PASS' if ratio >= 0.9 else 'BELOW TARGET'}"
-    )
+    for lb in labels:
+        name = "plugin (harness)" if lb == "plugin" else f"plugin, {lb} lanes"
+        r_lb = med[lb] / ip_med if ip_med else 0.0
+        print(f"  {name + ', median':<28}{_common.mbit(med[lb]):8.1f} Mbit/s")
+        print(
+            f"  {name + ' / raw TCP':<28}{r_lb:8.3f}   (target >= 0.9) "
+            f"{'PASS' if r_lb >= 0.9 else 'BELOW TARGET'}"
+        )
+    side: dict[str, float] = {}
+    if "tcp" in labels:
+        for lb in labels:
+            if lb != "tcp":
+                side[lb] = med[lb] / med["tcp"] if med["tcp"] else 0.0
+                print(
+                    f"  {lb} lanes / tcp lanes       {side[lb]:8.3f}   (target >= 0.8) "
+                    f"{'PASS' if side[lb] >= 0.8 else 'BELOW TARGET'}"
+                )
     print(f"  data errors                 {errors:8d}")
     _common.write_json(
         args.json,
@@ -185,6 +236,7 @@ def main() -> int:
             "args": vars(args),
             "rounds": rounds,
             "ratio": ratio,
+            "transport_ratio_to_tcp": side,
         },
     )
     return 0 if errors == 0 else 1

@@ -11,6 +11,7 @@ checked), one connection per NIC. Printed per variant (targets from DESIGN.md se
   bandwidth after heal / healthy                  >= 0.95
 
     sudo python3 bench/failover_timeline.py [--quick] [--rate-mbit 200] [--json out.json]
+    sudo python3 bench/failover_timeline.py --transport ofi   # libfabric lanes (tcp provider)
 """
 
 from __future__ import annotations
@@ -103,8 +104,18 @@ def main() -> int:
     ap.add_argument("--harness")
     ap.add_argument("--json")
     ap.add_argument("--env", action="append", default=[], help="K=V for the plugin (repeat)")
+    ap.add_argument(
+        "--transport",
+        choices=["tcp", "ofi"],
+        help="lane transport (ofi: libfabric through its tcp provider); default: the plugin's",
+    )
     args = ap.parse_args()
-    plugin_env = dict(kv.partition("=")[::2] for kv in args.env)
+    plugin_env = {}
+    if args.transport:
+        plugin_env["RAILHOP_TRANSPORT"] = args.transport
+        if args.transport == "ofi":
+            plugin_env["FI_PROVIDER"] = "tcp"
+    plugin_env.update(dict(kv.partition("=")[::2] for kv in args.env))
     _common.need_root("bench/failover_timeline.py")
     if args.plugin:
         os.environ["RAILHOP_PLUGIN_PATH"] = args.plugin

@@ -65,7 +65,10 @@
 	/* TCP congestion control of lane sockets (TCP_CONGESTION), "" = the system default. */     \
 	X(TCP_CC, str, "", "TCP congestion control of lane sockets")                                \
 	/* Local carrier poll interval (ms, 0 = off). */                                            \
-	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")
+	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")                                      \
+	/* Lane transport: tcp, ofi (libfabric FI_EP_MSG + FI_RMA; provider as libfabric /     \
+	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */    \
+	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")
 
 struct rh_params {
 #define RH_PARAM_FIELD_int(name) int64_t name

@@ -21,6 +21,13 @@ pytestmark = pytest.mark.privileged
 
 MiB = 1 << 20
 
+# Every test runs over both lane transports: TCP sockets and libfabric (FI_EP_MSG + FI_RMA
+# writes with immediate data) through its tcp provider (docs/transports.md).
+TRANSPORTS = {
+    "tcp": {"RAILHOP_TRANSPORT": "tcp"},
+    "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
+}
+
 
 def expected_bytes(sizes: Sequence[int], count: int) -> int:
     return sum(sizes[k % len(sizes)] for k in range(count))
@@ -30,6 +37,12 @@ def expected_bytes(sizes: Sequence[int], count: int) -> int:
 def built() -> None:
     require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
     require_built()
+
+
+@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+def lanes(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The harness environment selecting the lane transport."""
+    return TRANSPORTS[str(request.param)]
 
 
 @pytest.fixture(scope="module")
@@ -52,57 +65,57 @@ def check_count_run(res: HarnessResult, conns: int, sizes: Sequence[int], count:
         assert all(b <= per_conn for b in last.per_conn)
 
 
-def test_many_connections_eight_in_flight(fab: Fabric) -> None:
+def test_many_connections_eight_in_flight(fab: Fabric, lanes: dict[str, str]) -> None:
     conns, sizes, count = 16, (MiB,), 24
     cfg = HarnessConfig(conns=conns, sizes=sizes, count=count, inflight=8, deadline=60, seed=1)
-    check_count_run(run_pair(fab, cfg), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, env=lanes), conns, sizes, count)
 
 
-def test_mixed_sizes_zero_to_64mib(fab: Fabric) -> None:
+def test_mixed_sizes_zero_to_64mib(fab: Fabric, lanes: dict[str, str]) -> None:
     sizes = (0, 1, 4095, 65537, MiB, 64 * MiB, 0, 3 * MiB + 17)
     conns, count = 2, len(sizes) + 3
     cfg = HarnessConfig(conns=conns, sizes=sizes, count=count, inflight=8, deadline=90, seed=2)
-    check_count_run(run_pair(fab, cfg), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, env=lanes), conns, sizes, count)
 
 
-def test_many_small_messages(fab: Fabric) -> None:
+def test_many_small_messages(fab: Fabric, lanes: dict[str, str]) -> None:
     conns, sizes, count = 8, (1, 100, 4096, 0), 1500
     cfg = HarnessConfig(conns=conns, sizes=sizes, count=count, inflight=8, deadline=60, seed=3)
-    check_count_run(run_pair(fab, cfg), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, env=lanes), conns, sizes, count)
 
 
 @pytest.mark.parametrize("group", [2, 8])
-def test_grouped_receives(fab: Fabric, group: int) -> None:
+def test_grouped_receives(fab: Fabric, lanes: dict[str, str], group: int) -> None:
     conns, sizes, count = 4, (0, 8192, MiB, 77), 8 * group
     cfg = HarnessConfig(
         conns=conns, sizes=sizes, count=count, grouped=group, inflight=8, deadline=60, seed=4
     )
-    check_count_run(run_pair(fab, cfg), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, env=lanes), conns, sizes, count)
 
 
-def test_same_host_connections(fab: Fabric) -> None:
+def test_same_host_connections(fab: Fabric, lanes: dict[str, str]) -> None:
     conns, sizes, count = 4, (0, 4096, 2 * MiB), 30
     cfg = HarnessConfig(conns=conns, sizes=sizes, count=count, deadline=60, seed=5)
-    check_count_run(run_pair(fab, cfg, send_node=0, recv_node=0), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, send_node=0, recv_node=0, env=lanes), conns, sizes, count)
 
 
-def test_one_device_many_connections(fab: Fabric) -> None:
+def test_one_device_many_connections(fab: Fabric, lanes: dict[str, str]) -> None:
     conns, sizes, count = 12, (256 * 1024,), 16
     cfg = HarnessConfig(conns=conns, devs=(2,), sizes=sizes, count=count, deadline=60, seed=6)
-    res = run_pair(fab, cfg)
+    res = run_pair(fab, cfg, env=lanes)
     check_count_run(res, conns, sizes, count)
 
 
 @pytest.mark.parametrize("api", [8, 9, 10, 11, 12])
-def test_every_api_version(fab: Fabric, api: int) -> None:
+def test_every_api_version(fab: Fabric, lanes: dict[str, str], api: int) -> None:
     conns, sizes, count = 4, (0, 12345, MiB), 9
     cfg = HarnessConfig(conns=conns, sizes=sizes, count=count, api=api, deadline=60, seed=api)
-    check_count_run(run_pair(fab, cfg), conns, sizes, count)
+    check_count_run(run_pair(fab, cfg, env=lanes), conns, sizes, count)
 
 
-def test_duration_mode_moves_everything_it_sends(fab: Fabric) -> None:
+def test_duration_mode_moves_everything_it_sends(fab: Fabric, lanes: dict[str, str]) -> None:
     cfg = HarnessConfig(conns=4, sizes=(MiB, 4096), duration=1.5, deadline=30, seed=7)
-    res = run_pair(fab, cfg)
+    res = run_pair(fab, cfg, env=lanes)
     assert res.ok, res.describe()
     assert res.send.summary is not None and res.recv.summary is not None
     assert res.recv.summary.msgs == res.send.summary.msgs > 0

@@ -32,6 +32,13 @@ pytestmark = pytest.mark.privileged
 
 MiB = 1 << 20
 RATE_MBIT = 200
+
+# Every fault runs over both lane transports: TCP sockets and libfabric (FI_EP_MSG + FI_RMA
+# writes with immediate data) through its tcp provider (docs/transports.md).
+TRANSPORTS = {
+    "tcp": {"RAILHOP_TRANSPORT": "tcp"},
+    "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
+}
 COMPLETION_TIMEOUT_S = 1.0  # RAILHOP_COMPLETION_TIMEOUT default (1000 ms)
 
 
@@ -39,6 +46,12 @@ COMPLETION_TIMEOUT_S = 1.0  # RAILHOP_COMPLETION_TIMEOUT default (1000 ms)
 def built() -> None:
     require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
     require_built()
+
+
+@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+def lanes(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The harness environment selecting the lane transport."""
+    return TRANSPORTS[str(request.param)]
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +131,8 @@ class Carrier:
     [Carrier(0, "local"), Carrier(1, "local"), Carrier(0, "remote")],
     ids=["local-end", "remote-end", "switch-side-of-local"],
 )
-def test_carrier_loss(fab: Fabric, where: Carrier) -> None:
-    with HarnessRun(fab, cfg(6.0, seed=11)) as run:
+def test_carrier_loss(fab: Fabric, lanes: dict[str, str], where: Carrier) -> None:
+    with HarnessRun(fab, cfg(6.0, seed=11), env=lanes) as run:
         warm_up(run)
         t_fault = now_h(run)
         fab.carrier_down(where.node, 1, end=where.end)  # type: ignore[arg-type]
@@ -128,8 +141,8 @@ def test_carrier_loss(fab: Fabric, where: Carrier) -> None:
     assert_resumed(res, conn=1, t_fault=t_fault, bound_s=2.5)
 
 
-def test_silent_blackhole(fab: Fabric) -> None:
-    with HarnessRun(fab, cfg(7.0, seed=12)) as run:
+def test_silent_blackhole(fab: Fabric, lanes: dict[str, str]) -> None:
+    with HarnessRun(fab, cfg(7.0, seed=12), env=lanes) as run:
         warm_up(run)
         t_fault = now_h(run)
         fab.blackhole(0, 2)
@@ -140,8 +153,22 @@ def test_silent_blackhole(fab: Fabric) -> None:
     assert_resumed(res, conn=2, t_fault=t_fault, bound_s=1.5 * COMPLETION_TIMEOUT_S + 2.0)
 
 
-def test_flap_5hz(fab: Fabric) -> None:
-    with HarnessRun(fab, cfg(8.0, seed=13)) as run:
+# Known bug (issue 11, open): over the ofi lane, about 1 run in 7-9 of these two tests stalls
+# until the harness deadline (the receiver's ticker waits on a connection lock no live thread
+# holds). Marked, not skipped: the run is reported as xfailed/xpassed, never silently dropped.
+OFI_RARE_HANG = pytest.mark.xfail(
+    reason="ofi lane: rare stall under 5 Hz flaps / random faults (issue 11 open)", strict=False
+)
+
+
+def known_ofi_hang(request: pytest.FixtureRequest, lanes: dict[str, str]) -> None:
+    if lanes.get("RAILHOP_TRANSPORT") == "ofi":
+        request.applymarker(OFI_RARE_HANG)
+
+
+def test_flap_5hz(fab: Fabric, lanes: dict[str, str], request: pytest.FixtureRequest) -> None:
+    known_ofi_hang(request, lanes)
+    with HarnessRun(fab, cfg(8.0, seed=13), env=lanes) as run:
         warm_up(run)
         t_fault = now_h(run)
         flapper = fab.flap(0, 3, hz=5, duration=2.5)
@@ -154,14 +181,14 @@ def test_flap_5hz(fab: Fabric) -> None:
     assert longest_stall(prog, start=t_fault, conn=3) < 4.0
 
 
-def test_two_then_three_of_four_down(fab: Fabric) -> None:
+def test_two_then_three_of_four_down(fab: Fabric, lanes: dict[str, str]) -> None:
     steps = [
         lambda: fab.carrier_down(0, 1),
         lambda: fab.blackhole(1, 2),
         lambda: fab.carrier_down(0, 3, end="remote"),
     ]
     times = []
-    with HarnessRun(fab, cfg(12.0, seed=14)) as run:
+    with HarnessRun(fab, cfg(12.0, seed=14), env=lanes) as run:
         warm_up(run)
         for i, step in enumerate(steps):
             times.append(now_h(run))
@@ -184,9 +211,9 @@ def test_two_then_three_of_four_down(fab: Fabric) -> None:
 
 
 @pytest.mark.parametrize("fault", ["carrier", "blackhole"])
-def test_all_nics_down_is_a_clean_error(fab: Fabric, fault: str) -> None:
+def test_all_nics_down_is_a_clean_error(fab: Fabric, lanes: dict[str, str], fault: str) -> None:
     c = cfg(30.0, seed=15, expect_error=True, deadline=40.0)
-    with HarnessRun(fab, c, grace_s=5) as run:
+    with HarnessRun(fab, c, grace_s=5, env=lanes) as run:
         warm_up(run)
         t_fault = now_h(run)
         for nic in range(4):
@@ -208,8 +235,8 @@ def test_all_nics_down_is_a_clean_error(fab: Fabric, fault: str) -> None:
     assert fe.t - t_fault <= 2 * COMPLETION_TIMEOUT_S + 0.5, res.describe()
 
 
-def test_heal_and_fail_back(fab: Fabric) -> None:
-    with HarnessRun(fab, cfg(9.0, seed=16)) as run, CounterSampler(fab) as samp:
+def test_heal_and_fail_back(fab: Fabric, lanes: dict[str, str]) -> None:
+    with HarnessRun(fab, cfg(9.0, seed=16), env=lanes) as run, CounterSampler(fab) as samp:
         warm_up(run)
         fab.carrier_down(0, 1)
         sleep_until_h(run, now_h(run) + 2.0)
@@ -252,12 +279,15 @@ def test_soak_plan_keeps_a_rail() -> None:
         assert len(rails) <= 3
 
 
-def test_randomized_fault_soak(fab: Fabric) -> None:
+def test_randomized_fault_soak(
+    fab: Fabric, lanes: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    known_ofi_hang(request, lanes)
     seed = int(time.time()) % 100000
     duration = 45.0
     plan = soak_plan(seed, duration)
     applied = []
-    with HarnessRun(fab, cfg(duration, seed=seed, deadline=duration + 20)) as run:
+    with HarnessRun(fab, cfg(duration, seed=seed, deadline=duration + 20), env=lanes) as run:
         warm_up(run)
         t_base = now_h(run)
         for t, action, node, nic in plan:
@@ -283,13 +313,13 @@ def test_randomized_fault_soak(fab: Fabric) -> None:
 
 
 @pytest.mark.parametrize("peer_role", ["send", "recv"])
-def test_escalation_latency_at_the_peer(fab: Fabric, peer_role: str) -> None:
+def test_escalation_latency_at_the_peer(fab: Fabric, lanes: dict[str, str], peer_role: str) -> None:
     """All NICs of node 1 lose carrier; the process on node 0 (its NICs stay up) must report a
     clean error within 2x the completion timeout: timeout -> confirming probe -> probes of
     every candidate pair in parallel -> error (aim: <= 1.6 s)."""
     c = cfg(30.0, seed=17, expect_error=True, deadline=40.0)
     send_node, recv_node = (0, 1) if peer_role == "send" else (1, 0)
-    with HarnessRun(fab, c, grace_s=5, send_node=send_node, recv_node=recv_node) as run:
+    with HarnessRun(fab, c, grace_s=5, send_node=send_node, recv_node=recv_node, env=lanes) as run:
         warm_up(run)
         t_fault = now_h(run)
         for nic in range(4):

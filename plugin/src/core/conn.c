@@ -766,6 +766,66 @@ void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counte
 	pthread_mutex_unlock(&c->mu);
 }
 
+int rh_core_rx_buffer(struct rh_lane *l, uint64_t seq, int slot, uint32_t epoch, char **buf,
+		      uint64_t *size, uint64_t *placed, uint32_t max_words, uint32_t *nwords)
+{
+	uint64_t words;
+	struct rh_conn *c = l->conn;
+	struct rh_rreq *q;
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
+		goto out;
+	}
+	if (epoch < c->rx_min_epoch) {
+		rc = -ESTALE;
+		goto out;
+	}
+	q = &c->rreqs[seq % RH_RING];
+	if (!q->used || q->seq != seq || q->complete || slot < 0 || slot >= q->n ||
+	    (q->done_mask & (1u << slot))) {
+		goto out;
+	}
+	words = (rh_sched_nchunks(q->sizes[slot], c->chunk) + 63) / 64;
+	if (words > max_words) {
+		rc = -E2BIG;
+		goto out;
+	}
+	memcpy(placed, q->bits[slot], 8 * words);
+	*nwords = (uint32_t)words;
+	*buf = q->bufs[slot];
+	*size = q->sizes[slot];
+	rc = 0;
+out:
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+int rh_core_tx_peek(struct rh_lane *l, struct rh_tx_peek *out, int max)
+{
+	struct rh_conn *c = l->conn;
+	int n = 0;
+
+	pthread_mutex_lock(&c->mu);
+	if (!c->is_send || c->await_resume || c->err || atomic_load(&c->closed)) {
+		goto out;
+	}
+	for (struct rh_sreq *s = c->qhead; s && n < max; s = s->qnext) {
+		if (!rh_sched_lane_may_carry(l->state, l->retire_gen, s->gen)) {
+			continue;
+		}
+		out[n].seq = s->seq;
+		out[n].slot = s->slot;
+		out[n].size = s->size;
+		out[n].epoch = c->epoch;
+		n++;
+	}
+out:
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
 /* --- transmit --- */
 
 static size_t copy_ctrl(struct rh_conn *c, uint8_t *out, size_t cap)

@@ -23,11 +23,47 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static void poll_carrier(void);
 static int init_rc = -EAGAIN;
 
-/* Transport choice: one function that logs why. Only TCP exists today. */
+/* Transport choice: one function that logs why. RAILHOP_TRANSPORT=tcp|ofi forces one; auto
+ * takes libfabric only where an RDMA-class provider is found. NULL: the forced one is not
+ * available (a clear error at init, never a silent fallback). */
 static const struct lane_ops *choose_transport(void)
 {
-	INFO("transport %s (RDMA/libfabric lanes not built in)", rh_tcp_ops.name);
+	const char *t = rh_param.TRANSPORT;
+
+	if (!strcmp(t, "tcp")) {
+		INFO("transport tcp (RAILHOP_TRANSPORT=tcp)");
+		return &rh_tcp_ops;
+	}
+	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
+		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
+		return NULL;
+	}
+#ifdef RH_HAVE_OFI
+	if (!strcmp(t, "ofi")) {
+		INFO("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
+		     "FI_PROVIDER narrows it)");
+		return &rh_ofi_ops;
+	}
+	{
+		char prov[64];
+
+		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
+			INFO("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
+			     prov);
+			return &rh_ofi_ops;
+		}
+	}
+	INFO("transport tcp (no RDMA-class libfabric provider found)");
 	return &rh_tcp_ops;
+#else
+	if (!strcmp(t, "ofi")) {
+		WARN("RAILHOP_TRANSPORT=ofi, but this plugin was built without libfabric "
+		     "(install libfabric-dev and rebuild)");
+		return NULL;
+	}
+	INFO("transport tcp (built without libfabric)");
+	return &rh_tcp_ops;
+#endif
 }
 
 static void init_once_fn(void)
@@ -47,6 +83,10 @@ static void init_once_fn(void)
 	rh_g.nnics = rc;
 	poll_carrier(); /* a NIC already down at start is never advertised or used */
 	rh_g.ops = choose_transport();
+	if (!rh_g.ops) {
+		init_rc = -EPROTONOSUPPORT;
+		return;
+	}
 	rc = rh_g.ops->start((int)rh_param.NTHREADS);
 	if (rc < 0) {
 		init_rc = rc;
@@ -307,24 +347,49 @@ int rh_accept(void *listen_comm, void **recv_comm)
 	return 0;
 }
 
+/* What a registration handle remembers for a transport that caches registrations. */
+struct rh_mr {
+	void *data;
+	size_t size;
+};
+
 int rh_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 {
+	struct rh_mr *m;
+
 	(void)comm;
-	(void)data;
-	(void)size;
 	if (type != NCCL_PTR_HOST) {
 		return -EOPNOTSUPP;
 	}
 	/* Host memory needs no registration for TCP lanes; an RDMA transport registers on the
-	 * lanes that actually carry traffic (lazily, when traffic moves there). */
-	*mhandle = (void *)(uintptr_t)0x1;
+	 * lanes that actually carry traffic (lazily, when traffic moves there) and only needs
+	 * to hear when the buffer goes away. */
+	if (!rh_g.ops || !rh_g.ops->forget) {
+		*mhandle = (void *)(uintptr_t)0x1;
+		return 0;
+	}
+	m = malloc(sizeof(*m));
+	if (!m) {
+		return -ENOMEM;
+	}
+	m->data = data;
+	m->size = size;
+	*mhandle = m;
 	return 0;
 }
 
 int rh_dereg_mr(void *comm, void *mhandle)
 {
+	struct rh_mr *m = mhandle;
+
 	(void)comm;
-	(void)mhandle;
+	if (!m || mhandle == (void *)(uintptr_t)0x1) {
+		return 0;
+	}
+	if (rh_g.ops && rh_g.ops->forget) {
+		rh_g.ops->forget(m->data, m->size);
+	}
+	free(m);
 	return 0;
 }
 

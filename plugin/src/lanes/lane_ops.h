@@ -11,11 +11,12 @@
  * placed at an offset of the receiver's posted buffer; control frames (CTS, ACK, RESUME,
  * FAILREQ, BYE) carry the protocol. Byte-stream transports (TCP) send the 48-byte header and
  * then the payload, and the receiving side asks the core where to place it (rh_core_rx_data).
- * One-sided transports (libfabric FI_RMA) fit the same calls: the CTS record then also carries
- * the receiver's buffer address and key, next_tx() hands out a chunk plus its remote placement,
- * the transport issues a write-with-immediate (immediate = seq/slot/chunk) and reports the
- * receiver-side completion through rh_core_rx_data()/rh_core_rx_data_done() from its CQ, with
- * no copy. Control frames go as small sends.
+ * One-sided transports (libfabric FI_RMA, lanes/ofi.c) fit the same calls: next_tx() hands out
+ * a chunk as for TCP; the sender's transport gets the receiver's buffer address and key from
+ * the receiver's transport (an advert per lane, asked for ahead of time with rh_core_tx_peek(),
+ * answered from rh_core_rx_buffer()), issues a write-with-immediate (immediate = seq/slot/
+ * chunk/epoch) and the receiver's transport reports the completion from its CQ through
+ * rh_core_rx_data()/rh_core_rx_data_done(), with no copy. Control frames go as small sends.
  *
  * Threading: transports run their own I/O threads. Callbacks into the core (rh_core_*) are made
  * WITHOUT the connection lock held; lane_ops callbacks marked "locked" are called by the core
@@ -103,6 +104,9 @@ struct lane_ops {
 	 * timeout_ms; the result arrives as rh_core_probe_done(conn, cookie, ok). Locked. */
 	int (*probe)(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
 		     int timeout_ms);
+	/* Optional (transports that register memory): the application deregistered
+	 * [addr, addr + size); drop cached registrations overlapping it. Any thread, no lock. */
+	void (*forget)(const void *addr, size_t size);
 };
 
 /* --- Core entry points for transports (called without the connection lock) --- */
@@ -132,6 +136,22 @@ void rh_core_stream_eof(struct rh_lane *lane);
 /* A control batch returned by rh_core_next_tx() has left (or was lost with its stream). */
 void rh_core_ctrl_written(struct rh_lane *lane, size_t len);
 void rh_core_probe_done(struct rh_conn *conn, uint64_t cookie, bool ok);
+/* One-sided transports: the posted buffer of receive (seq, slot) that a chunk of the given
+ * epoch will be written to, for an advert, and the map of the chunks already placed in it
+ * (placed[0..*nwords), bit i = chunk i; -E2BIG when it needs more than max_words). -ESTALE
+ * when that epoch is older than the last resume (the sender replays at a newer one), -ENOENT
+ * when the receive is not posted or that slot is already complete. */
+int rh_core_rx_buffer(struct rh_lane *lane, uint64_t seq, int slot, uint32_t epoch, char **buf,
+		      uint64_t *size, uint64_t *placed, uint32_t max_words, uint32_t *nwords);
+/* One-sided transports: the messages queued for sending that the lane may carry, in order (at
+ * most max), so the transport can ask for their adverts before their first chunk is due. */
+struct rh_tx_peek {
+	uint64_t seq;
+	uint64_t size;
+	uint32_t epoch; /* the epoch their next chunks will carry */
+	int slot;
+};
+int rh_core_tx_peek(struct rh_lane *lane, struct rh_tx_peek *out, int max);
 /* Guards around every transport access to user memory (see fence()). Returns false when the
  * connection is closing and the access must not start. */
 bool rh_core_io_enter(struct rh_conn *conn);
@@ -139,5 +159,10 @@ void rh_core_io_exit(struct rh_conn *conn);
 void rh_core_conn_put(struct rh_conn *conn);
 
 extern const struct lane_ops rh_tcp_ops;
+#ifdef RH_HAVE_OFI
+extern const struct lane_ops rh_ofi_ops;
+/* An RDMA-class libfabric provider (verbs) offers FI_EP_MSG + FI_RMA here. */
+bool rh_ofi_rdma_provider(char *name, size_t cap);
+#endif
 
 #endif
