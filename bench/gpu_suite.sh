@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU runs recorded in docs/BENCHMARKS.md, in one call on a 2-GPU host (root, torch with
 # NCCL): build the plugin, then the all-reduce side by side with Socket and with a carrier loss
-# and a silent blackhole mid-run. Results JSON goes to ${OUT:-/tmp}/ar.json.
+# and a silent blackhole mid-run, then over the libfabric lane. Results JSON goes to ${OUT:-/tmp}/ar.json.
 #   bash bench/gpu_suite.sh
 # pyroute2: installed, or taken from .whl/pyroute2-*.whl by the bench scripts.
 set -u
@@ -20,3 +20,15 @@ for f in carrier blackhole; do
 	timeout 100 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 64M \
 		--iters 3 --fault $f --fault-total 15 2>&1 | tail -12
 done
+# The same all-reduce over the libfabric lane (tcp provider: no RDMA hardware on the host).
+if ! pkg-config --exists libfabric 2>/dev/null; then
+	echo "=== ofi lane: skipped (no libfabric headers on this host: plugin built without it)"
+	exit 0
+fi
+echo "=== ofi lane (RAILHOP_TRANSPORT=ofi FI_PROVIDER=tcp)"
+timeout 150 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 4M,64M,256M \
+	--iters 10 --env RAILHOP_TRANSPORT=ofi --env FI_PROVIDER=tcp 2>&1 | tail -8
+echo "=== ofi lane, blackhole"
+timeout 100 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 64M \
+	--iters 3 --fault blackhole --fault-total 15 --env RAILHOP_TRANSPORT=ofi \
+	--env FI_PROVIDER=tcp 2>&1 | tail -4
