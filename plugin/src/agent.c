@@ -27,7 +27,7 @@ _Static_assert((int)RH_EVT_FAILBACK == (int)RH_EV_FAILBACK, "event type FAILBACK
 
 static struct rh_ctl *ctl; /* set once by the ticker; read by any thread */
 static bool ctl_failed;
-static bool suspect_by_agent[64]; /* ticker thread only */
+static bool suspect_by_agent[64]; /* written by the ticker thread (atomically) */
 static struct rh_ctl_view view;
 static bool down_by_agent[64];
 /* The plans of the last accepted snapshot, by local NIC index (read by any thread). */
@@ -113,7 +113,7 @@ int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max)
 static void release_all(void)
 {
 	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
-		suspect_by_agent[i] = false;
+		__atomic_store_n(&suspect_by_agent[i], false, __ATOMIC_RELAXED);
 		if (down_by_agent[i]) {
 			down_by_agent[i] = false;
 			rh_nic_set_health_from(i, RH_HEALTH_AGENT, true);
@@ -159,6 +159,11 @@ static void flush_queued(struct rh_ctl *c)
 		}
 	}
 	pthread_mutex_unlock(&evq_mu);
+}
+
+bool rh_ctl_nic_suspect(int nic)
+{
+	return nic >= 0 && nic < 64 && __atomic_load_n(&suspect_by_agent[nic], __ATOMIC_RELAXED);
 }
 
 void rh_ctl_poll(uint64_t now_ms)
@@ -215,7 +220,8 @@ void rh_ctl_poll(uint64_t now_ms)
 			     rh_nic_name(i), view.nics[k].reason);
 			rh_nic_suspect(i);
 		}
-		suspect_by_agent[i] = view.nics[k].state == RH_NIC_SUSPECT;
+		__atomic_store_n(&suspect_by_agent[i], view.nics[k].state == RH_NIC_SUSPECT,
+				 __ATOMIC_RELAXED);
 		if (down != down_by_agent[i]) {
 			down_by_agent[i] = down;
 			INFO("agent marks %s %s (reason %u)", rh_nic_name(i), down ? "down" : "up",

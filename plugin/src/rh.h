@@ -76,6 +76,8 @@ struct rh_plan_entry {
 	int weight;
 };
 int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max);
+/* The agent holds local NIC nic SUSPECT (its TCP probes saw trouble on the NIC's lanes). */
+bool rh_ctl_nic_suspect(int nic);
 /* What a lane event says about the lane beyond its ids (all optional, zero = unknown). */
 struct rh_lane_info {
 	uint32_t laddr, raddr; /* IPv4, network order */

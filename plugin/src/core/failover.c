@@ -802,6 +802,16 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 				l->t_suspect_ms = now;
 				break;
 			}
+			/* While the agent suspects the NIC (its suspicion may have come, and been
+			 * answered, before this lane's trouble began), a lane that has moved nothing
+			 * for 100 ms and whose transport says the path is lost fails at once. */
+			if (l->ops->lost && l->tp && rh_ctl_nic_suspect(l->lnic) &&
+			    now >= l->t_progress_ms + 100 &&
+			    l->ops->lost(l, now - l->t_progress_ms)) {
+				rh_fo_lane_failed(c, l, -ETIMEDOUT,
+						  "transport lost the path (NIC suspect)");
+				break;
+			}
 			/* Sender side: TCP makes no progress on cleared-to-send data. Receiver side:
 			 * posted receives see no data for the timeout; the probe tells a failed
 			 * link from an idle peer. */
