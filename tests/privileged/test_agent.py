@@ -236,7 +236,8 @@ def test_ebpf_carrier_signal_reaches_the_daemon_before_netlink(fab: Fabric, tmp_
                 snap = read_table(agent.table)
                 since = next(n.since_ns for n in snap.nics if n.ifname == "nic2")
                 if first == "ebpf.carrier":
-                    assert since == seen["ebpf.carrier"], (since, seen)
+                    # the health model keeps times as float seconds: ns survive to ~1 us
+                    assert abs(since - seen["ebpf.carrier"]) <= 1000, (since, seen)
             fab.heal(0, 2)
             until(more_ups(n_up), 5, "carrier back up")
         assert both >= 4, f"the eBPF source reported only {both} of 5 losses"
