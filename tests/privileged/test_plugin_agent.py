@@ -131,9 +131,11 @@ def moved_at(side_stderr: str, nic: str) -> float:
     raise AssertionError(f"no lane on {nic} failed:\n{side_stderr}")
 
 
-def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None:
-    """Blackhole node 0's nic1 and mark it SUSPECT at once: its lanes are probed (300 ms) and
-    moved, so connection 1 resumes well before the 1 s completion timeout would even fire."""
+def blackhole_marked_suspect(
+    fab: Fabric, seed: int, env: dict[str, str] | None = None
+) -> tuple[HarnessResult, float]:
+    """Blackhole node 0's nic1 and have the agent's table mark it SUSPECT at the same moment;
+    returns the run's result and the fault's harness time."""
     with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
         work = Path(tmp)
         run_dir = work / "run-node0"  # HarnessRun's RAILHOP_RUN_DIR for node 0 (the sender)
@@ -141,7 +143,7 @@ def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None
         table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0)
         try:
             table.publish(health({}), {})
-            with HarnessRun(fab, cfg(8.0, seed=41), workdir=work) as run:
+            with HarnessRun(fab, cfg(8.0, seed=seed), env=env, workdir=work) as run:
                 warm_up(run)
                 t_fault = time.monotonic() - run.started_at
                 fab.blackhole(0, 1)
@@ -149,6 +151,13 @@ def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None
                 res = run.wait()
         finally:
             table.close()
+    return res, t_fault
+
+
+def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None:
+    """Blackhole node 0's nic1 and mark it SUSPECT at once: its lanes are probed (300 ms) and
+    moved, so connection 1 resumes well before the 1 s completion timeout would even fire."""
+    res, t_fault = blackhole_marked_suspect(fab, seed=41)
     assert_lossless(res)
     moved = moved_at(res.send.stderr_tail, "nic1") - t_fault
     took = resumed_after(res, 1, t_fault + moved)
@@ -168,22 +177,8 @@ def test_suspect_lane_confirmed_by_tcp_loss_state(fab: Fabric) -> None:
     """The same SUSPECT, with the confirming handshake probe given 2 s: the move must come from
     the transport's own verdict (the lane's sockets in RTO loss recovery, no ACK since), within
     a few of the lanes' RTOs (RAILHOP_TCP_RTO_MIN_US 20 ms), long before the probe could."""
-    with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
-        work = Path(tmp)
-        run_dir = work / "run-node0"
-        run_dir.mkdir()
-        table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0)
-        env = {"RAILHOP_PROBE_TIMEOUT": "2000", "RAILHOP_COMPLETION_TIMEOUT": "4000"}
-        try:
-            table.publish(health({}), {})
-            with HarnessRun(fab, cfg(8.0, seed=43), env=env, workdir=work) as run:
-                warm_up(run)
-                t_fault = time.monotonic() - run.started_at
-                fab.blackhole(0, 1)
-                table.publish(health({"nic1": NicState.SUSPECT}), {})
-                res = run.wait()
-        finally:
-            table.close()
+    env = {"RAILHOP_PROBE_TIMEOUT": "2000", "RAILHOP_COMPLETION_TIMEOUT": "4000"}
+    res, t_fault = blackhole_marked_suspect(fab, seed=43, env=env)
     assert_lossless(res)
     moved = moved_at(res.send.stderr_tail, "nic1") - t_fault
     print(f"suspect at t0, probe deadline 2 s: lane moved after {moved:.3f} s")

@@ -596,18 +596,13 @@ static void take_placed_runs(struct rh_conn *c, struct rh_sreq *s, const struct 
 
 static uint64_t replay_bytes(struct rh_conn *c, struct rh_sreq *s)
 {
-	uint64_t skipped = 0;
+	uint64_t skipped = rh_sched_runs_chunks(s->skip, s->nskip) * c->chunk;
 
 	s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, 0);
-	for (int i = 0; i < s->nskip; i++) {
-		for (uint64_t k = s->skip[i].start;
-		     k < (uint64_t)s->skip[i].start + s->skip[i].count; k++) {
-			uint64_t off, len;
-
-			if (rh_sched_chunk(s->size, c->chunk, k, &off, &len)) {
-				skipped += len;
-			}
-		}
+	/* every chunk is full but the last one, which a run may cover */
+	if (s->nskip &&
+	    (uint64_t)s->skip[s->nskip - 1].start + s->skip[s->nskip - 1].count == s->nchunks) {
+		skipped -= s->nchunks * c->chunk - s->size;
 	}
 	return s->size - skipped;
 }
