@@ -132,8 +132,14 @@ static void test_adverts(void)
 	uint64_t raddr, key, placed[1] = { 0x5 }; /* chunks 0 and 2 already held */
 
 	EXPECT_EQ(ofi_adv_lookup(t, 70, 2, 0), OFI_ADV_NONE);
-	ofi_adv_requested(t, 70, 2, 1);
+	ofi_adv_requested(t, 70, 2, 1, 1000);
 	EXPECT_EQ(ofi_adv_lookup(t, 70, 2, 0), OFI_ADV_REQUESTED);
+	/* an unanswered request is overdue after the limit, and only that request */
+	EXPECT(!ofi_adv_overdue(t, 70, 2, 3000, 3000));
+	EXPECT(ofi_adv_overdue(t, 70, 2, 4001, 3000));
+	EXPECT(!ofi_adv_overdue(t, 70 + RH_RING, 2, 4001, 3000));
+	EXPECT(!ofi_adv_overdue(t, 70, 3, 4001, 3000));
+	EXPECT(!ofi_adv_overdue(t, 70, 2, 500, 3000)); /* clock before the request */
 	EXPECT_EQ(ofi_adv_lookup(t, 70 + RH_RING, 2, 0), OFI_ADV_NONE); /* same ring slot */
 	EXPECT_EQ(ofi_adv_target(t, 70, 2, 0, 4096, &raddr, &key), -ENOENT);
 	/* an answer nobody asked for is ignored */
@@ -142,6 +148,7 @@ static void test_adverts(void)
 	a.seq = 70;
 	EXPECT(ofi_adv_store(t, &a, placed));
 	EXPECT_EQ(ofi_adv_lookup(t, 70, 2, 1), OFI_ADV_VALID);
+	EXPECT(!ofi_adv_overdue(t, 70, 2, 9000, 3000)); /* answered */
 	/* a replay never writes what the receiver holds already */
 	EXPECT(ofi_adv_placed(t, 70, 2, 0));
 	EXPECT(!ofi_adv_placed(t, 70, 2, 1));
@@ -157,7 +164,7 @@ static void test_adverts(void)
 	EXPECT_EQ(ofi_adv_target(t, 70, 2, (1 << 20) + 1, 0, &raddr, &key), -ERANGE);
 	/* after a resume at epoch 2 the advert of epoch 1 is not used any more */
 	EXPECT_EQ(ofi_adv_lookup(t, 70, 2, 2), OFI_ADV_NONE);
-	ofi_adv_requested(t, 70, 2, 2);
+	ofi_adv_requested(t, 70, 2, 2, 2000);
 	/* a late STALE answer to the old request does not cancel the new one */
 	a.epoch = 1;
 	a.status = OFI_ADV_STALE;
@@ -223,6 +230,28 @@ static void test_receiver_records(void)
 	free(t);
 }
 
+/* Requests for one receive arrive on any endpoint of the lane, so out of order: one issued
+ * before a resume must not replace the sender's newer request or an advert in use. */
+static void test_request_order(void)
+{
+	struct ofi_rrec r = { .seq = 42, .epoch = 5, .state = OFI_RREC_PENDING };
+	struct ofi_adv_req q = { .seq = 42, .epoch = 4, .slot = 0 };
+
+	EXPECT(!ofi_rrec_take(&r, &q)); /* older request of a pending one */
+	r.state = OFI_RREC_ADVERTISED;
+	EXPECT(!ofi_rrec_take(&r, &q)); /* older request of an advert in use */
+	q.epoch = 5;
+	EXPECT(ofi_rrec_take(&r, &q)); /* same epoch: asked again (after a STALE/GONE) */
+	q.epoch = 6;
+	EXPECT(ofi_rrec_take(&r, &q)); /* a resume */
+	q.epoch = 1;
+	q.seq = 42 + RH_RING; /* the ring slot's next receive */
+	EXPECT(ofi_rrec_take(&r, &q));
+	r.state = OFI_RREC_NONE;
+	q.seq = 42;
+	EXPECT(ofi_rrec_take(&r, &q));
+}
+
 static void test_gate(void)
 {
 	uint32_t marks[3] = { 2, 2, 1 };
@@ -276,6 +305,7 @@ int main(void)
 	test_messages();
 	test_adverts();
 	test_receiver_records();
+	test_request_order();
 	test_gate();
 	test_rcache();
 	TEST_DONE();

@@ -200,6 +200,22 @@ static void registry_del(struct rh_conn *c)
 	}
 }
 
+/* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
+ * each connection's lock in turn; the caller drops each reference. */
+#define RH_SNAPSHOT_MAX 1024
+static int registry_snapshot(struct rh_conn **list)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_conn *c = rh_g.conns; c && n < RH_SNAPSHOT_MAX; c = c->gnext) {
+		rh_conn_get(c);
+		list[n++] = c;
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	return n;
+}
+
 static struct rh_conn *registry_find(uint64_t id, bool is_send)
 {
 	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
@@ -668,8 +684,8 @@ static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
 {
-	struct rh_conn *list[1024];
-	int n = 0;
+	struct rh_conn *list[RH_SNAPSHOT_MAX];
+	int n;
 	bool now_up;
 
 	if (nic < 0 || nic >= rh_g.nnics) {
@@ -693,12 +709,7 @@ void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
 	if (now_up) {
 		return;
 	}
-	pthread_mutex_lock(&rh_g.mu);
-	for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
-		rh_conn_get(c);
-		list[n++] = c;
-	}
-	pthread_mutex_unlock(&rh_g.mu);
+	n = registry_snapshot(list);
 	for (int i = 0; i < n; i++) {
 		struct rh_conn *c = list[i];
 
@@ -717,18 +728,13 @@ void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
 
 void rh_nic_suspect(int nic)
 {
-	struct rh_conn *list[1024];
-	int n = 0;
+	struct rh_conn *list[RH_SNAPSHOT_MAX];
+	int n;
 
 	if (nic < 0 || nic >= rh_g.nnics) {
 		return;
 	}
-	pthread_mutex_lock(&rh_g.mu);
-	for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
-		rh_conn_get(c);
-		list[n++] = c;
-	}
-	pthread_mutex_unlock(&rh_g.mu);
+	n = registry_snapshot(list);
 	for (int i = 0; i < n; i++) {
 		struct rh_conn *c = list[i];
 
@@ -786,8 +792,8 @@ static void *ticker(void *arg)
 	(void)arg;
 	for (;;) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
-		struct rh_conn *list[1024];
-		int n = 0;
+		struct rh_conn *list[RH_SNAPSHOT_MAX];
+		int n;
 		uint64_t now;
 
 		nanosleep(&ts, NULL);
@@ -798,12 +804,7 @@ static void *ticker(void *arg)
 			poll_carrier();
 		}
 		rh_ctl_poll(now);
-		pthread_mutex_lock(&rh_g.mu);
-		for (struct rh_conn *c = rh_g.conns; c && n < 1024; c = c->gnext) {
-			rh_conn_get(c);
-			list[n++] = c;
-		}
-		pthread_mutex_unlock(&rh_g.mu);
+		n = registry_snapshot(list);
 		for (int i = 0; i < n; i++) {
 			struct rh_conn *c = list[i];
 			bool drop = false;

@@ -137,6 +137,9 @@ static bool lf_load(void)
 #define OFI_PEEK 16 /* queued messages whose adverts are asked for ahead of their chunks */
 #define OFI_HELLO_MAX 4096
 #define OFI_ACCEPT_MS 5000
+/* An advert request unanswered for this many completion timeouts fails the lane: the
+ * receiver's gate holds requests at most about one timeout (then it fails the blocker). */
+#define OFI_ADV_WAIT_TIMEOUTS 3
 
 enum ep_kind {
 	EK_LANE, /* a stream of a lane, opened here */
@@ -955,8 +958,23 @@ static void on_write(struct ofi_ep *e, uint64_t imm)
 	r = ofi_rrec_find(&ol->rrec, &im);
 	ep_touch(e, 0);
 	if (!r) {
-		TRACE("ofi: write for an unknown advert (seq %llu slot %u) dropped",
-		      (unsigned long long)im.seq, im.slot);
+		uint32_t ep = (uint32_t)ofi_expand(im.epoch, OFI_IMM_EPOCH_BITS,
+						   __atomic_load_n(&c->epoch, __ATOMIC_RELAXED));
+		uint32_t min = __atomic_load_n(&c->rx_min_epoch, __ATOMIC_ACQUIRE);
+
+		if (ep >= min) {
+			/* Only a write issued before the last resume may outlive its advert (its
+			 * chunk is replayed); one of the current epoch would be lost here while
+			 * the sender counts it written, so the lane fails and the replay has it. */
+			WARN("ofi: lane %u: write of epoch %u for an unknown advert (seq %llu slot "
+			     "%u)",
+			     e->lane->id, ep, (unsigned long long)im.seq, im.slot);
+			ep_fail(e, -EPROTO, "write for an unknown advert");
+			return;
+		}
+		TRACE("ofi: write of epoch %u (< %u) for an unknown advert (seq %llu slot %u) "
+		      "dropped",
+		      ep, min, (unsigned long long)im.seq, im.slot);
 		return;
 	}
 	if (ofi_rrec_hdr(r, &im, c->chunk, __atomic_load_n(&c->epoch, __ATOMIC_RELAXED), c->id,
@@ -1091,6 +1109,12 @@ static void on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len)
 		return;
 	}
 	r = &ol->rrec.e[q.seq % RH_RING][q.slot];
+	if (!ofi_rrec_take(r, &q)) {
+		TRACE("ofi: lane %u: ADV_REQ seq %llu slot %u of epoch %u after one of epoch %u, "
+		      "ignored",
+		      e->lane->id, (unsigned long long)q.seq, q.slot, q.epoch, r->epoch);
+		return;
+	}
 	if (r->state == OFI_RREC_PENDING) {
 		ol->npending--;
 	}
@@ -1277,7 +1301,7 @@ static int request_adv(struct ofi_lane *ol, uint64_t seq, int slot, uint64_t tot
 	ofi_adv_req_put(&q, body);
 	rc = send_msg(best, OFI_M_ADV_REQ, body, sizeof(body));
 	if (rc == 0) {
-		ofi_adv_requested(&ol->adv, seq, slot, epoch);
+		ofi_adv_requested(&ol->adv, seq, slot, epoch, rh_now_ms());
 	}
 	return rc;
 }
@@ -1337,6 +1361,17 @@ static int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m)
 			rc = request_adv(ol, w->h.seq, w->h.slot, w->h.total, w->h.epoch);
 			break;
 		default:
+			/* requested: a lost request or answer must not become a silent stall
+			 * (nothing is posted, so the lane's stall test cannot see it) */
+			if (ofi_adv_overdue(&ol->adv, w->h.seq, w->h.slot, rh_now_ms(),
+					    OFI_ADV_WAIT_TIMEOUTS *
+						    (uint64_t)rh_param.COMPLETION_TIMEOUT)) {
+				WARN("ofi: lane %u: no advert for seq %llu slot %u within %lld ms",
+				     e->lane->id, (unsigned long long)w->h.seq, w->h.slot,
+				     (long long)OFI_ADV_WAIT_TIMEOUTS *
+					     (long long)rh_param.COMPLETION_TIMEOUT);
+				return -ETIMEDOUT;
+			}
 			break;
 		}
 	}

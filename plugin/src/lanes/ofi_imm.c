@@ -202,7 +202,8 @@ enum ofi_adv_state ofi_adv_lookup(const struct ofi_adv_table *t, uint64_t seq, i
 	return (enum ofi_adv_state)a->state;
 }
 
-void ofi_adv_requested(struct ofi_adv_table *t, uint64_t seq, int slot, uint32_t epoch)
+void ofi_adv_requested(struct ofi_adv_table *t, uint64_t seq, int slot, uint32_t epoch,
+		       uint64_t now_ms)
 {
 	struct ofi_adv *a = adv_at(t, seq, slot);
 
@@ -211,6 +212,16 @@ void ofi_adv_requested(struct ofi_adv_table *t, uint64_t seq, int slot, uint32_t
 	a->seq = seq;
 	a->epoch = epoch;
 	a->state = OFI_ADV_REQUESTED;
+	a->t_req_ms = now_ms;
+}
+
+bool ofi_adv_overdue(const struct ofi_adv_table *t, uint64_t seq, int slot, uint64_t now_ms,
+		     uint64_t limit_ms)
+{
+	const struct ofi_adv *a = &t->e[seq % RH_RING][slot];
+
+	return a->state == OFI_ADV_REQUESTED && a->seq == seq && now_ms > a->t_req_ms &&
+	       now_ms - a->t_req_ms > limit_ms;
 }
 
 bool ofi_adv_store(struct ofi_adv_table *t, const struct ofi_adv_msg *m, const uint64_t *placed)
@@ -279,6 +290,11 @@ void ofi_adv_table_free(struct ofi_adv_table *t)
 }
 
 /* --- receiver records --- */
+
+bool ofi_rrec_take(const struct ofi_rrec *r, const struct ofi_adv_req *q)
+{
+	return r->state == OFI_RREC_NONE || r->seq != q->seq || q->epoch >= r->epoch;
+}
 
 struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *im)
 {

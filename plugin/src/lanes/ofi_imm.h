@@ -109,6 +109,7 @@ struct ofi_adv {
 	uint8_t state;
 	uint32_t nwords;
 	uint64_t *placed; /* chunks the receiver held when it answered (owned) */
+	uint64_t t_req_ms; /* REQUESTED: when the request left */
 };
 
 struct ofi_adv_table {
@@ -120,7 +121,13 @@ struct ofi_adv_table {
  * min_epoch are not used any more. */
 enum ofi_adv_state ofi_adv_lookup(const struct ofi_adv_table *t, uint64_t seq, int slot,
 				  uint32_t min_epoch);
-void ofi_adv_requested(struct ofi_adv_table *t, uint64_t seq, int slot, uint32_t epoch);
+void ofi_adv_requested(struct ofi_adv_table *t, uint64_t seq, int slot, uint32_t epoch,
+		       uint64_t now_ms);
+/* A request of (seq, slot) has waited more than limit_ms for its answer. The receiver holds a
+ * request back only while its fence gate is closed, and fails the endpoint that keeps it
+ * closed after the completion timeout, so a longer wait means a lost request or answer. */
+bool ofi_adv_overdue(const struct ofi_adv_table *t, uint64_t seq, int slot, uint64_t now_ms,
+		     uint64_t limit_ms);
 /* Store an ADV answer and its placed-chunk map (OK: valid, otherwise forgotten). Returns false
  * when it answers nothing this table asked for; -ENOMEM is reported as true with the advert
  * forgotten (asked again). */
@@ -151,6 +158,13 @@ struct ofi_rrec_table {
 	struct ofi_rrec e[RH_RING][RH_MAX_RECVS];
 };
 
+/* Whether the receiver takes request q into record r (the record of q's seq and slot). A
+ * request older than the one the record holds for the same receive is not taken: requests
+ * travel on any endpoint of the lane, so one issued before a resume can arrive after the
+ * sender's newer one, and taking it would drop the newer request (the sender would wait for
+ * its answer forever) or an advert in use (its writes would be dropped as unknown). The sender
+ * ignores answers older than its request, so the old one needs none. */
+bool ofi_rrec_take(const struct ofi_rrec *r, const struct ofi_adv_req *q);
 /* The record a write with immediate im (decoded, truncated) belongs to, or NULL. */
 struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *im);
 /* Rebuild the DATA frame header of a completed write: off/len from the chunk index and the
