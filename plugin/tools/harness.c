@@ -743,9 +743,11 @@ static int post(int i, bool stop_sending)
 	}
 }
 
+/* Returns the number of requests that completed, or -1 on a request error. */
 static int test_all(int i)
 {
 	struct conn *c = &conns[i];
+	int ndone = 0;
 
 	for (int s = 0; s < eff_inflight; s++) {
 		struct slot *sl = &c->s[s];
@@ -765,6 +767,7 @@ static int test_all(int i)
 		}
 		sl->req = NULL;
 		c->inflight--;
+		ndone++;
 		if (opt.role == ROLE_SEND) {
 			if (!sl->end) {
 				c->done_msgs++;
@@ -806,12 +809,30 @@ static int test_all(int i)
 	if (opt.role == ROLE_SEND && c->end_posted && c->inflight == 0) {
 		c->finished = true;
 	}
-	return 0;
+	return ndone;
+}
+
+/* Like NCCL's proxy thread, the loop polls; after a run of idle rounds it gives the CPU up
+ * for a moment so that on a small host the plugin's own threads (and the peer process) are
+ * not starved by two spinning harnesses. */
+#define IDLE_ROUNDS 64
+#define IDLE_NAP_NS 50000
+
+static void idle_nap(int *idle, bool worked)
+{
+	struct timespec ts = { 0, IDLE_NAP_NS };
+
+	if (worked) {
+		*idle = 0;
+	} else if (++*idle >= IDLE_ROUNDS) {
+		nanosleep(&ts, NULL);
+	}
 }
 
 int main(int argc, char **argv)
 {
 	void *lib;
+	bool worked;
 	char sym[32];
 	double deadline, next_report, stop_at = 0;
 	int ndev = 0, rc;
@@ -862,17 +883,19 @@ int main(int argc, char **argv)
 		return summary(1);
 	}
 	data_t0 = now_s();
+	worked = false;
 	if (opt.duration >= 0) {
 		stop_at = data_t0 + opt.duration;
 	}
 	next_report = now_s() + opt.interval_ms / 1000.0;
-	for (;;) {
+	for (int idle = 0;; idle_nap(&idle, worked)) {
 		int finished = 0;
 		double now = now_s();
 		bool stop = opt.duration >= 0 && now >= stop_at;
 
+		worked = false;
 		for (int i = 0; i < opt.conns; i++) {
-			int guard = 0;
+			int guard = 0, n;
 
 			/* A finished receiver's remaining receives lie past the end marker and never
 			 * complete; once the peer has closed, testing them would only see it go. */
@@ -880,9 +903,11 @@ int main(int argc, char **argv)
 				finished++;
 				continue;
 			}
-			if (test_all(i) < 0) {
+			n = test_all(i);
+			if (n < 0) {
 				goto out;
 			}
+			worked |= n > 0;
 			while (guard++ < eff_inflight) {
 				int p = post(i, opt.role == ROLE_SEND && stop);
 
@@ -892,6 +917,7 @@ int main(int argc, char **argv)
 				if (p == 0) {
 					break;
 				}
+				worked = true;
 			}
 			finished += conns[i].finished;
 		}

@@ -54,25 +54,6 @@ def lanes(request: pytest.FixtureRequest) -> dict[str, str]:
     return TRANSPORTS[str(request.param)]
 
 
-# Known problems of the ofi lane (issue 11, open; docs/transports.md): on a loaded host its
-# failover timing is not yet dependable: ~1 run in 7-9 of the 5 Hz flap / randomized soak
-# stalls until the harness deadline (the receiver's ticker waits on a connection lock no live
-# thread holds), fail-back can miss the 300 ms probe deadline and wait the 1 s back-off, and a
-# blackhole resume once took 3.5 s (bound 3.5 s). Its failover tests run and are reported as
-# xfailed/xpassed (never skipped); its data-path tests (test_datapath.py) stay strict.
-OFI_FAILOVER_TIMING = pytest.mark.xfail(
-    reason="ofi lane failover timing under load (issue 11 open, docs/transports.md)", strict=False
-)
-
-
-@pytest.fixture(autouse=True)
-def _ofi_known_problems(request: pytest.FixtureRequest) -> None:
-    if "lanes" in request.fixturenames:
-        lanes = request.getfixturevalue("lanes")
-        if lanes.get("RAILHOP_TRANSPORT") == "ofi":
-            request.applymarker(OFI_FAILOVER_TIMING)
-
-
 @pytest.fixture(scope="module")
 def fab(built: None) -> Iterator[Fabric]:
     with Fabric(nodes=2, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhtv")) as f:

@@ -860,13 +860,14 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 	    l->state != RH_LANE_SUSPECT) {
 		goto out;
 	}
-	if (stream == 0 && c->ctrl_lane == l && c->ctrl_len) {
+	if ((stream == 0 || stream == RH_STREAM_CTRL_ONLY) && c->ctrl_lane == l && c->ctrl_len) {
 		tx->ctrl_len = copy_ctrl(c, ctrl, cap);
 		tx->is_data = false;
 		rc = tx->ctrl_len > 0;
 		goto out;
 	}
-	if (!c->is_send || c->await_resume || c->err || atomic_load(&c->closed)) {
+	if (stream == RH_STREAM_CTRL_ONLY || !c->is_send || c->await_resume || c->err ||
+	    atomic_load(&c->closed)) {
 		goto out;
 	}
 	for (struct rh_sreq *s = c->qhead; s; s = s->qnext) {

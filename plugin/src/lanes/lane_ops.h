@@ -118,8 +118,11 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 /* A stream of the lane finished its handshake; reply is the peer's hello (opener side) or
  * NULL (accepting side). */
 void rh_core_stream_ready(struct rh_lane *lane, const struct rh_hello *reply);
-/* Next frame for stream `stream` of the lane. Control frames are copied into ctrl (cap bytes).
- * Returns 1 with *tx filled, 0 when there is nothing to send. */
+/* Next frame for stream `stream` of the lane. Control frames (stream 0 of the connection's
+ * control lane only) are copied into ctrl (cap bytes). Returns 1 with *tx filled, 0 when there
+ * is nothing to send. RH_STREAM_CTRL_ONLY: stream 0 of a transport that keeps it free of data
+ * (control only, never a chunk). */
+#define RH_STREAM_CTRL_ONLY (-1)
 int rh_core_next_tx(struct rh_lane *lane, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx);
 /* A DATA header arrived: returns where to place the payload, or NULL to discard it.
  * *counted is set when the chunk counts towards completion (then rx_data_done must follow). */
