@@ -602,9 +602,9 @@ static int build_record(struct rh_conn *c, uint8_t *buf, size_t cap, int ndead,
 	return len;
 }
 
-int rh_conn_queue_resume(struct rh_conn *c)
+int rh_conn_queue_resume(struct rh_conn *c, bool answer)
 {
-	struct rh_hdr h = { .type = RH_F_RESUME };
+	struct rh_hdr h = { .type = RH_F_RESUME, .aux = answer ? RH_RESUME_ANSWER : 0 };
 	uint8_t *buf = malloc(RH_CTRL_MAX);
 	int len, rc;
 

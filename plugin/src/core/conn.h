@@ -82,6 +82,7 @@ struct rh_fo {
 	uint64_t t_primary_up_ms;
 	uint64_t failback_cookie; /* non-zero while a fail-back probe is in flight */
 	uint64_t t_last_failreq_ms;
+	bool failreq_out; /* sender: FAILREQ sent, no RESUME answering it applied yet */
 	uint64_t t_close_ms; /* closing: force-fence deadline */
 	/* Pairs that failed during this connection (until fail-back heals them). */
 	uint64_t bad_until_ms[RH_MAX_NICS][RH_MAX_NICS];
@@ -170,7 +171,7 @@ void rh_conn_kick_data(struct rh_conn *c); /* locked */
 void rh_conn_pick_ctrl_lane(struct rh_conn *c); /* locked */
 int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 		       size_t len); /* locked */
-int rh_conn_queue_resume(struct rh_conn *c);
+int rh_conn_queue_resume(struct rh_conn *c, bool answer);
 int rh_conn_queue_bye(struct rh_conn *c); /* locked */
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */

@@ -337,9 +337,10 @@ static void send_notify(struct rh_conn *c)
 		rh_conn_queue_ctrl(c, &h, buf, (size_t)len);
 		c->fo.ndead = 0;
 		c->fo.t_last_failreq_ms = rh_now_ms();
+		c->fo.failreq_out = true;
 	} else {
 		c->epoch++;
-		rh_conn_queue_resume(c);
+		rh_conn_queue_resume(c, false);
 		c->fo.active = false;
 		RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
 		rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
@@ -574,7 +575,7 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 		c->epoch = h->epoch;
 	}
 	c->epoch++;
-	rh_conn_queue_resume(c);
+	rh_conn_queue_resume(c, true);
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
 }
@@ -643,6 +644,19 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	if (h->epoch > c->epoch) {
 		c->epoch = h->epoch;
 	}
+	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
+		/* The receiver moved on its own while our FAILREQ was on its way; it will answer
+		 * that with a newer epoch. Replaying now would put chunks on the wire at an epoch
+		 * about to be dropped (and, on one-sided lanes, writes the next resume's fence
+		 * must wait for), so only its dead lanes are taken and the answer awaited (the
+		 * FAILREQ is re-sent after 300 ms if it was lost). */
+		INFO("conn %016llx (send): RESUME at epoch %u while our FAILREQ is pending: waiting "
+		     "for its answer",
+		     (unsigned long long)c->id, h->epoch);
+		free(r);
+		return;
+	}
+	c->fo.failreq_out = false;
 	c->resume_epoch = h->epoch;
 	for (int i = 0; i < r->nout; i++) {
 		if (r->out[i].seq >= c->cts_base) {

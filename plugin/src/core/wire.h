@@ -24,12 +24,14 @@
 #define RH_CTRL_MAX 16384
 #define RH_HANDLE_NICS 12
 #define RH_MAX_DEAD 16
+#define RH_RESUME_ANSWER 1u /* RESUME aux: answers the sender's FAILREQ */
 
 enum rh_ftype {
 	RH_F_DATA = 1, /* seq/slot/off/len chunk of a message of total bytes; payload follows */
 	RH_F_CTS = 2, /* receiver posted receive seq: aux = n, payload = n x (tag, size) */
 	RH_F_ACK = 3, /* receiver completed (seq, slot) with total bytes */
-	RH_F_RESUME = 4, /* receiver's completion record after a failover (epoch = new epoch) */
+	RH_F_RESUME = 4, /* receiver's completion record after a failover (epoch = new epoch;
+			  * aux = RH_RESUME_ANSWER when it answers the sender's FAILREQ) */
 	RH_F_FAILREQ = 5, /* sender asks for a RESUME (payload: dead lane ids) */
 	RH_F_BYE = 6, /* graceful retirement of lane aux (fail-back) */
 	RH_F_HELLO = 7, /* lane handshake request */
