@@ -28,7 +28,9 @@ fi
 echo "=== ofi lane (RAILHOP_TRANSPORT=ofi FI_PROVIDER=tcp)"
 timeout 150 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 4M,64M,256M \
 	--iters 10 --env RAILHOP_TRANSPORT=ofi --env FI_PROVIDER=tcp 2>&1 | tail -8
-echo "=== ofi lane, blackhole"
-timeout 100 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 64M \
-	--iters 3 --fault blackhole --fault-total 15 --env RAILHOP_TRANSPORT=ofi \
-	--env FI_PROVIDER=tcp 2>&1 | tail -4
+for f in carrier blackhole; do
+	echo "=== ofi lane, $f"
+	timeout 100 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 64M \
+		--iters 3 --fault $f --fault-total 15 --env RAILHOP_TRANSPORT=ofi \
+		--env FI_PROVIDER=tcp 2>&1 | tail -4
+done
