@@ -56,6 +56,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -80,6 +81,7 @@
 #include "../param.h"
 #include "lane_ops.h"
 #include "ofi_imm.h"
+#include "tcpstate.h"
 
 /* libfabric is loaded at run time, so the plugin still loads (and runs TCP lanes) on hosts
  * without it. Only these five functions are library symbols; every other fi_* call is an
@@ -254,6 +256,7 @@ struct ofi_ep {
 	atomic_uint_fast64_t progress;
 	atomic_int outstanding;
 	uint16_t lport, rport;
+	uint32_t lip, rip; /* network order; with lport/rport the provider's socket, if any */
 	uint64_t last_rx_ms; /* I/O thread: last message or write received from the peer */
 	struct ofi_ep *next;
 };
@@ -618,10 +621,12 @@ static void ep_cache_ports(struct ofi_ep *e)
 
 	if (fi_getname(&e->ep->fid, &a, &len) == 0 && a.sin_family == AF_INET) {
 		e->lport = ntohs(a.sin_port);
+		e->lip = a.sin_addr.s_addr;
 	}
 	len = sizeof(a);
 	if (fi_getpeer(e->ep, &a, &len) == 0 && a.sin_family == AF_INET) {
 		e->rport = ntohs(a.sin_port);
+		e->rip = a.sin_addr.s_addr;
 	}
 }
 
@@ -2108,6 +2113,28 @@ static bool ofi_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 	return stalled;
 }
 
+/* Over a provider whose endpoints are TCP sockets (libfabric's tcp provider), the same verdict
+ * as the TCP lane's, read through sock_diag by each data endpoint's address 4-tuple. Other
+ * providers have no such socket (the lookup finds none): their lanes wait for the probe. */
+static bool ofi_lost(struct rh_lane *lane, uint64_t quiet_ms)
+{
+	struct ofi_lane *ol = lane->tp;
+
+	for (int i = 0; ol && i < OFI_MAX_STREAMS; i++) {
+		struct ofi_ep *e = ol->ep[i];
+		struct tcp_info ti;
+
+		if (!e || e->st != ES_READY || !e->lport || !e->rport || ep_ctrl_only(e) ||
+		    rh_tcp_info_by_addr(e->lip, e->lport, e->rip, e->rport, &ti) < 0) {
+			continue;
+		}
+		if (rh_tcp_info_lost(&ti, quiet_ms)) {
+			return true;
+		}
+	}
+	return false;
+}
+
 static uint64_t ofi_progress(struct rh_lane *lane)
 {
 	struct ofi_lane *ol = lane->tp;
@@ -2146,6 +2173,7 @@ const struct lane_ops rh_ofi_ops = {
 	.kick = ofi_kick,
 	.fence = ofi_fence,
 	.stalled = ofi_stalled,
+	.lost = ofi_lost,
 	.progress = ofi_progress,
 	.ports = ofi_ports,
 	.probe = ofi_probe,

@@ -25,6 +25,7 @@
 #include "../log.h"
 #include "../param.h"
 #include "lane_ops.h"
+#include "tcpstate.h"
 
 #define TCP_MAX_STREAMS 16
 #define TCP_RX_BUDGET (8u << 20)
@@ -453,17 +454,12 @@ static bool tcp_lost(struct rh_lane *lane, uint64_t quiet_ms)
 		struct tcp_stream *s = tl->s[i];
 		struct tcp_info ti;
 		socklen_t len = sizeof(ti);
-		uint64_t need_ms;
 
 		if (!s || s->fd < 0 || s->state != ST_READY ||
 		    getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0) {
 			continue;
 		}
-		need_ms = 2 * (uint64_t)ti.tcpi_rtt / 1000;
-		if (need_ms < 20) {
-			need_ms = 20;
-		}
-		if (ti.tcpi_ca_state == TCP_CA_Loss && ti.tcpi_unacked > 0 && quiet_ms >= need_ms) {
+		if (rh_tcp_info_lost(&ti, quiet_ms)) {
 			return true;
 		}
 	}
