@@ -185,6 +185,15 @@ static void test_handle(void)
 	EXPECT(16 + 8 * RH_HANDLE_NICS <= RH_HANDLE_COOKIE_OFF);
 	b[5] = 3;
 	EXPECT_EQ(rh_handle_get(b, &g), -EINVAL);
+	/* a handle of the previous wire protocol ("RHHP") is refused: mixed builds fail at
+	 * connect instead of misreading each other's RESUME records and lanes */
+	b[5] = 1;
+	EXPECT_EQ(rh_handle_get(b, &g), 0);
+	b[0] = 'R';
+	b[1] = 'H';
+	b[2] = 'H';
+	b[3] = 'P';
+	EXPECT(rh_handle_get(b, &g) < 0);
 }
 
 int main(void)

@@ -258,8 +258,13 @@ int rh_connect(int dev, void *handle, void **send_comm)
 	*send_comm = NULL;
 	memcpy(&cookie, hb + RH_HANDLE_COOKIE_OFF, sizeof(cookie));
 	if (cookie == 0) {
-		if (dev < 0 || dev >= rh_g.nnics || rh_handle_get(hb, &h) < 0) {
-			WARN("bad device %d or connect handle", dev);
+		if (dev < 0 || dev >= rh_g.nnics) {
+			WARN("bad device %d", dev);
+			return -EINVAL;
+		}
+		if (rh_handle_get(hb, &h) < 0) {
+			WARN("bad connect handle (or one from another railhop wire protocol: every "
+			     "rank must load the same plugin build)");
 			return -EINVAL;
 		}
 		c = rh_conn_new(true);

@@ -18,7 +18,10 @@
 #include "sched.h"
 
 #define RH_HDR_LEN 48
-#define RH_MAGIC 0x50484852u /* "RHHP" */
+/* In every frame header and connect handle. Bumped when the wire protocol changes, so ranks
+ * running different plugin builds fail at connect with a clear message instead of misreading
+ * each other. "RHH2": RESUME marks FAILREQ answers (aux); ofi lanes have a control endpoint. */
+#define RH_MAGIC 0x32484852u /* "RHH2" */
 #define RH_MAX_RECVS 8
 #define RH_RING 64 /* > NCCL_NET_MAX_REQUESTS outstanding receives */
 #define RH_CTRL_MAX 16384
