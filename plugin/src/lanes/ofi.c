@@ -512,7 +512,7 @@ static void ep_push(struct ofi_ep *e)
  * congested link (the provider delivers a message after the earlier writes of its endpoint).
  * Measured on the 200 Mbit/s fabric with four connections moved onto one NIC: FAILREQs and
  * RESUMEs took 1-2 s to cross when they shared an endpoint with writes, and connections
- * escalated. (A lane of one endpoint, from a peer without the control endpoint, mixes both.) */
+ * escalated. (A lane of a single endpoint, which ofi_open never makes, would mix both.) */
 static bool ep_ctrl_only(const struct ofi_ep *e)
 {
 	return e->idx == 0 && e->lane && e->lane->nstreams >= 2;
