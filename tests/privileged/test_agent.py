@@ -150,6 +150,9 @@ def test_carrier_loss_moves_every_connection_before_any_timeout(
         fab.heal_all()
 
 
+LOST_NIC1 = re.compile(r"\[\s*([0-9.]+)\].*lane \d+ nic1 -> .* failed: transport lost the path")
+
+
 def test_blackhole_tcp_signal_moves_the_lane_before_the_timeout(
     fab: Fabric, tmp_path: Path
 ) -> None:
@@ -170,16 +173,21 @@ def test_blackhole_tcp_signal_moves_the_lane_before_the_timeout(
             until(lambda: conn_bytes(run, 1) > 0, 10, "a lane on nic1")
             t_fault = time.monotonic() - run.started_at
             fab.blackhole(0, 1)
+            # Bytes already past the bridge keep arriving for a while, so progress alone does
+            # not show the move (a CI run healed before anything failed): wait for the
+            # plugin's verdict first (bounded), then for connection 1 to move again.
+            until(
+                lambda: LOST_NIC1.search((work / "send.stderr").read_text()),
+                6.0,
+                "the lane on nic1 failing",
+            )
             mark = conn_bytes(run, 1)
             # the data itself then waits for the backup lanes' TCP ramp on the loaded NICs
             until(lambda: conn_bytes(run, 1) > mark + 2 * MiB, 6.0, "connection 1 moving again")
             fab.heal(0, 1)
             res = run.wait()
         assert res.ok, res.describe()
-        m = re.search(
-            r"\[\s*([0-9.]+)\].*lane \d+ nic1 -> .* failed: transport lost the path",
-            res.send.stderr_tail,
-        )
+        m = LOST_NIC1.search(res.send.stderr_tail)
         assert m, res.describe()
         moved = float(m.group(1)) - t_fault
         print(f"blackhole: lane on nic1 failed {moved:.3f} s after the fault")
