@@ -883,7 +883,6 @@ int main(int argc, char **argv)
 		return summary(1);
 	}
 	data_t0 = now_s();
-	worked = false;
 	if (opt.duration >= 0) {
 		stop_at = data_t0 + opt.duration;
 	}
