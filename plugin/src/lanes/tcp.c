@@ -21,10 +21,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../core/conn.h"
 #include "../log.h"
 #include "../param.h"
-#include "lane_ops.h"
+#include "lanes.h"
 #include "tcpstate.h"
 
 #define TCP_MAX_STREAMS 16
@@ -88,10 +87,16 @@ struct tcp_stream {
 	struct tcp_stream *next;
 };
 
+/* lane->tp: the core attaches and detaches streams through its head (lane_ops.h). */
 struct tcp_lane {
-	struct tcp_stream *s[TCP_MAX_STREAMS];
-	int live;
+	struct rh_lane_streams st;
 };
+_Static_assert(TCP_MAX_STREAMS <= RH_LANE_MAX_STREAMS, "stream table");
+
+static struct tcp_stream *tl_s(const struct tcp_lane *tl, int i)
+{
+	return tl->st.s[i];
+}
 
 struct tcp_worker {
 	pthread_t th;
@@ -206,7 +211,7 @@ static void sock_tune(int fd)
 static int sock_setup(int fd, int nic, bool bind_addr)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
-	const char *ifname = rh_g.nics[nic].ifname;
+	const char *ifname = rh_core_nic(nic)->ifname;
 
 	sock_tune(fd);
 	if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname, strlen(ifname) + 1) < 0) {
@@ -216,7 +221,7 @@ static int sock_setup(int fd, int nic, bool bind_addr)
 		/* Unprivileged: binding to the NIC's address still picks the source. */
 	}
 	if (bind_addr) {
-		sa.sin_addr.s_addr = rh_g.nics[nic].ipv4;
+		sa.sin_addr.s_addr = rh_core_nic(nic)->ipv4;
 		if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 			return -errno;
 		}
@@ -242,14 +247,14 @@ static int tcp_listen(int nic)
 		close(fd);
 		return rc;
 	}
-	rh_g.nics[nic].port = sa.sin_port;
+	rh_core_nic(nic)->port = sa.sin_port;
 	s = stream_new(fd, K_LISTENER);
 	if (!s) {
 		close(fd);
 		return -ENOMEM;
 	}
 	s->nic = nic;
-	INFO("lane listener on %s port %u", rh_g.nics[nic].ifname, ntohs(sa.sin_port));
+	INFO("lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
 	return stream_add(s);
 }
 
@@ -329,26 +334,27 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		}
 		s->lane = lane;
 		s->conn = lane->conn;
-		rh_conn_get(lane->conn);
+		rh_core_conn_get(lane->conn);
 		s->idx = i;
-		tl->s[i] = s;
-		tl->live++;
+		tl->st.s[i] = s;
+		tl->st.live++;
 		if ((err = stream_add(s)) < 0) {
 			break;
 		}
 	}
 	if (err < 0) {
 		for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-			if (tl->s[i]) {
-				atomic_store(&tl->s[i]->dead, true);
-				worker_kick(tl->s[i]->w);
+			if (tl_s(tl, i)) {
+				atomic_store(&tl_s(tl, i)->dead, true);
+				worker_kick(tl_s(tl, i)->w);
 			}
 		}
-		if (tl->live == 0) {
+		if (tl->st.live == 0) {
 			lane->tp = NULL;
 			free(tl);
 		}
-		WARN("cannot open lane from %s: %s", rh_g.nics[lane->lnic].ifname, strerror(-err));
+		WARN("cannot open lane from %s: %s", rh_core_nic(lane->lnic)->ifname,
+		     strerror(-err));
 	}
 	return err;
 }
@@ -365,7 +371,7 @@ static int tcp_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 		return err;
 	}
 	s->conn = conn;
-	rh_conn_get(conn);
+	rh_core_conn_get(conn);
 	s->cookie = cookie;
 	s->deadline_ms = rh_now_ms() + (uint64_t)timeout_ms;
 	return stream_add(s);
@@ -379,8 +385,8 @@ static void tcp_kick(struct rh_lane *lane)
 		return;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-		if (tl->s[i]) {
-			worker_kick(tl->s[i]->w);
+		if (tl_s(tl, i)) {
+			worker_kick(tl_s(tl, i)->w);
 		}
 	}
 }
@@ -393,12 +399,12 @@ static void tcp_fence(struct rh_lane *lane)
 		return;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-		struct tcp_stream *s = tl->s[i];
+		struct tcp_stream *s = tl_s(tl, i);
 
 		if (!s || atomic_load(&s->dead)) {
 			continue;
 		}
-		if (atomic_load(&lane->conn->closed)) {
+		if (rh_core_conn_closed(lane->conn)) {
 			/* Closing: let the last control frames (ACK, BYE) leave, bounded. */
 			s->drain_until_ms = rh_now_ms() + 100;
 		} else {
@@ -417,7 +423,7 @@ static bool tcp_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 		return false;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-		struct tcp_stream *s = tl->s[i];
+		struct tcp_stream *s = tl_s(tl, i);
 		struct tcp_info ti;
 		socklen_t len = sizeof(ti);
 
@@ -451,7 +457,7 @@ static bool tcp_lost(struct rh_lane *lane, uint64_t quiet_ms)
 		return false;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-		struct tcp_stream *s = tl->s[i];
+		struct tcp_stream *s = tl_s(tl, i);
 		struct tcp_info ti;
 		socklen_t len = sizeof(ti);
 
@@ -475,7 +481,7 @@ static uint64_t tcp_progress(struct rh_lane *lane)
 		return 0;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
-		struct tcp_stream *s = tl->s[i];
+		struct tcp_stream *s = tl_s(tl, i);
 		struct tcp_info ti;
 		socklen_t len = sizeof(ti);
 
@@ -498,7 +504,7 @@ static int tcp_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, i
 		return 0;
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS && n < max; i++) {
-		struct tcp_stream *s = tl->s[i];
+		struct tcp_stream *s = tl_s(tl, i);
 		struct sockaddr_in a, b;
 		socklen_t la = sizeof(a), lb = sizeof(b);
 
@@ -562,25 +568,10 @@ static void stream_reap(struct tcp_stream *s)
 		rh_core_rx_data_done(s->lane, &s->h, true, false);
 	}
 	if (c) {
-		pthread_mutex_lock(&c->mu);
-		close(s->fd);
-		s->fd = -1;
-		if (s->lane && s->lane->tp) {
-			struct tcp_lane *tl = s->lane->tp;
-
-			if (tl->s[s->idx] == s) {
-				tl->s[s->idx] = NULL;
-				if (--tl->live == 0) {
-					s->lane->tp = NULL;
-					free(tl);
-				}
-			}
-		}
-		pthread_mutex_unlock(&c->mu);
-		rh_core_conn_put(c);
-	} else {
-		close(s->fd);
+		/* out of the lane's table first: no thread reaches the fd once it is closed */
+		rh_core_stream_detach(c, s->lane, s->idx, s, NULL);
 	}
+	close(s->fd);
 	free(s->rxbuf);
 	free(s->txbuf);
 	free(s);
@@ -614,30 +605,15 @@ static void on_accept_hello(struct tcp_stream *s)
 			s->reap = true;
 			return;
 		}
-		pthread_mutex_lock(&lane->conn->mu);
-		if (lane->state != RH_LANE_OPENING || in.stream >= TCP_MAX_STREAMS ||
-		    (lane->tp && ((struct tcp_lane *)lane->tp)->s[in.stream])) {
-			pthread_mutex_unlock(&lane->conn->mu);
-			rh_core_conn_put(lane->conn);
+		if (rh_core_stream_attach(lane, in.stream, TCP_MAX_STREAMS, s,
+					  sizeof(struct tcp_lane), false) < 0) {
 			s->reap = true;
 			return;
 		}
-		if (!lane->tp) {
-			lane->tp = calloc(1, sizeof(struct tcp_lane));
-			if (!lane->tp) {
-				pthread_mutex_unlock(&lane->conn->mu);
-				rh_core_conn_put(lane->conn);
-				s->reap = true;
-				return;
-			}
-		}
-		((struct tcp_lane *)lane->tp)->s[in.stream] = s;
-		((struct tcp_lane *)lane->tp)->live++;
 		s->lane = lane;
 		s->conn = lane->conn; /* reference taken by rh_core_hello */
 		s->idx = in.stream;
 		s->kind = K_LANE;
-		pthread_mutex_unlock(&lane->conn->mu);
 	}
 	len = rh_hello_put(&reply, s->txbuf + RH_HDR_LEN, TCP_HELLO_MAX);
 	h.len = (uint32_t)len;

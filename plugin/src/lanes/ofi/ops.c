@@ -63,7 +63,7 @@ static int ofi_listen(int nic)
 		rc = fi_getname(&d->pep->fid, &sa, &len);
 	}
 	if (rc) {
-		WARN("ofi: cannot listen on %s: %s", rh_g.nics[nic].ifname, lf_strerror(-rc));
+		WARN("ofi: cannot listen on %s: %s", rh_core_nic(nic)->ifname, lf_strerror(-rc));
 		return fi_err(rc);
 	}
 	if (ofi_wait_fds) {
@@ -74,8 +74,8 @@ static int ofi_listen(int nic)
 			epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev);
 		}
 	}
-	rh_g.nics[nic].port = sa.sin_port;
-	INFO("ofi: lane listener on %s port %u", rh_g.nics[nic].ifname, ntohs(sa.sin_port));
+	rh_core_nic(nic)->port = sa.sin_port;
+	INFO("ofi: lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
 	io_kick();
 	return 0;
 }
@@ -148,13 +148,13 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 	for (int i = 0; i < n; i++) {
 		e[i]->lane = lane;
 		e[i]->conn = lane->conn;
-		rh_conn_get(lane->conn);
+		rh_core_conn_get(lane->conn);
 		e[i]->io_held = true;
 		e[i]->idx = i;
 		e[i]->ip = ip;
 		e[i]->port = port;
-		ol->ep[i] = e[i];
-		ol->live++;
+		ol->st.s[i] = e[i];
+		ol->st.live++;
 		ep_push(e[i]);
 	}
 	return 0;
@@ -187,7 +187,7 @@ static int ofi_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 		return -ENOMEM;
 	}
 	e->conn = conn;
-	rh_conn_get(conn);
+	rh_core_conn_get(conn);
 	e->cookie = cookie;
 	e->ip = ip;
 	e->port = port;
@@ -212,9 +212,9 @@ static void ofi_fence(struct rh_lane *lane)
 		return;
 	}
 	for (int i = 0; i < OFI_MAX_STREAMS; i++) {
-		if (ol->ep[i] && !atomic_load(&ol->ep[i]->fenced)) {
-			ol->ep[i]->t_fenced_ms = now;
-			atomic_store(&ol->ep[i]->fenced, true);
+		if (ol_ep(ol, i) && !atomic_load(&ol_ep(ol, i)->fenced)) {
+			ol_ep(ol, i)->t_fenced_ms = now;
+			atomic_store(&ol_ep(ol, i)->fenced, true);
 		}
 	}
 	io_kick();
@@ -236,7 +236,7 @@ static bool ofi_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 		return false;
 	}
 	for (int i = 0; i < OFI_MAX_STREAMS; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 		int g;
 
 		if (!e || e->st != ES_READY) {
@@ -267,7 +267,7 @@ static bool ofi_lost(struct rh_lane *lane, uint64_t quiet_ms)
 	struct ofi_lane *ol = lane->tp;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 		struct tcp_info ti;
 
 		if (!e || e->st != ES_READY || !e->lport || !e->rport || ep_ctrl_only(e) ||
@@ -287,8 +287,8 @@ static uint64_t ofi_progress(struct rh_lane *lane)
 	uint64_t sum = 0;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS; i++) {
-		if (ol->ep[i]) {
-			sum += atomic_load(&ol->ep[i]->progress);
+		if (ol_ep(ol, i)) {
+			sum += atomic_load(&ol_ep(ol, i)->progress);
 		}
 	}
 	return sum;
@@ -300,7 +300,7 @@ static int ofi_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, i
 	int n = 0;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS && n < max; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 
 		if (e && e->lport && e->rport) {
 			lports[n] = e->lport;
