@@ -168,7 +168,7 @@ bool rh_ctl_nic_suspect(int nic)
 
 void rh_ctl_poll(uint64_t now_ms)
 {
-	struct rh_ctl_opts o = { .log = ctl_log };
+	struct rh_ctl_opts o = { .log = ctl_log, .agent_uid = rh_agent_uid() };
 	int rc;
 
 	(void)now_ms;

@@ -54,6 +54,7 @@ void rh_nic_suspect(int nic);
 int rh_nic_count(void);
 const char *rh_nic_name(int nic);
 const char *rh_run_dir(void);
+int64_t rh_agent_uid(void); /* RAILHOP_AGENT_UID */
 
 /* Lane event types (same values as enum rh_lane_event_type in railhop/ctl_table.h). */
 enum {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -222,27 +223,33 @@ class TableWriter:
 
 def read_table(path: Path, *, tries: int = 64) -> TableSnapshot:
     """A consistent copy of the table at ``path`` (seqlock + CRC); TableError if there is no
-    readable table, it is corrupt, or the writer kept it busy through every try."""
+    readable table, it is corrupt or truncated, or the writer kept it busy through every try.
+    Reads with pread, never a shared mapping: a table truncated under a mapping raises SIGBUS."""
     try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < TABLE_SIZE:
-                raise TableError(f"{path}: {size} bytes, want at least {TABLE_SIZE} (truncated?)")
-            with mmap.mmap(f.fileno(), TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
-                if _U64.unpack_from(mm, 0)[0] & 0xFFFFFFFF != MAGIC:
-                    raise TableError(f"{path}: bad magic, not a railhop table")
-                last: TableError | None = None
-                for _ in range(tries):
-                    s1 = _U64.unpack_from(mm, SEQ_OFFSET)[0]
-                    if s1 & 1:
-                        continue
-                    image = mm[:TABLE_SIZE]
-                    if _U64.unpack_from(mm, SEQ_OFFSET)[0] != s1:
-                        continue
-                    try:
-                        return decode_table(image)
-                    except TableError as e:
-                        last = e
-                raise TableError(f"{path}: no consistent copy in {tries} tries ({last})")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         raise TableError(f"cannot read the health table {path}: {e.strerror}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TableError(f"{path}: not a regular file")
+        last: TableError | None = None
+        for _ in range(tries):
+            image = os.pread(fd, TABLE_SIZE, 0)
+            if len(image) < TABLE_SIZE:
+                raise TableError(
+                    f"{path}: {len(image)} bytes, want at least {TABLE_SIZE} (truncated?)"
+                )
+            if _U64.unpack_from(image, 0)[0] & 0xFFFFFFFF != MAGIC:
+                raise TableError(f"{path}: bad magic, not a railhop table")
+            s1 = _U64.unpack_from(image, SEQ_OFFSET)[0]
+            if s1 & 1 or _U64.unpack(os.pread(fd, 8, SEQ_OFFSET))[0] != s1:
+                continue
+            try:
+                return decode_table(image)
+            except TableError as e:
+                last = e
+        raise TableError(f"{path}: no consistent copy in {tries} tries ({last})")
+    except OSError as e:
+        raise TableError(f"cannot read the health table {path}: {e.strerror}") from e
+    finally:
+        os.close(fd)

@@ -771,6 +771,11 @@ const char *rh_run_dir(void)
 	return rh_param.RUN_DIR;
 }
 
+int64_t rh_agent_uid(void)
+{
+	return rh_param.AGENT_UID;
+}
+
 /* The agent control plane (agent.c + ctl.c) is polled from the ticker every 20 ms. */
 
 static void poll_carrier(void)
