@@ -26,9 +26,9 @@ import _common
 _common.setup_import_path()
 
 from railhop import paths  # noqa: E402
-from railhop.demo import FaultReport, Step, Timeline, fault_report, run_scenario  # noqa: E402
-from railhop.fabric import Fabric, unique_prefix  # noqa: E402
-from railhop.harness import use_source_tree_build  # noqa: E402
+from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
+from railhop_lab.harness import use_source_tree_build  # noqa: E402
+from railhop_lab.scenario import FaultReport, Step, Timeline, fault_report, run_scenario  # noqa: E402
 
 
 def verdict(ok: bool | None) -> str:

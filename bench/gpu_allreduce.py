@@ -7,7 +7,7 @@ For a host with 2 GPUs (torch with NCCL built in), run as root:
     python3 bench/gpu_allreduce.py --plugin PATH --fault blackhole     # fault mid-run
     python3 bench/gpu_allreduce.py --plugin PATH --quick
 
-It builds the two-node, four-NIC fabric (railhop.fabric; pyroute2 only, no `ip`/`tc`), then runs
+It builds the two-node, four-NIC fabric (railhop_lab.fabric; pyroute2 only, no `ip`/`tc`), then runs
 torch.distributed all-reduce with 2 ranks, one per network namespace (rank r on GPU r), forcing
 the NET transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0, a distinct
 NCCL_HOSTID per rank). Bootstrap and the torch store go over the fabric (node 0's nic0).
@@ -473,7 +473,7 @@ def main() -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     _setup_import_path()
     import _common
-    from railhop.fabric import Fabric, unique_prefix
+    from railhop_lab.fabric import Fabric, unique_prefix
 
     try:
         import torch

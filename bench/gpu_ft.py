@@ -5,7 +5,7 @@ For a host with 2 GPUs (torch with NCCL >= 2.28.7 built in), run as root:
 
     python3 bench/gpu_ft.py --plugin /abs/path/libnccl-net-railhop.so [--quick]
 
-Two ranks, one per network namespace of railhop.fabric (rank r on GPU r), NET transport forced
+Two ranks, one per network namespace of railhop_lab.fabric (rank r on GPU r), NET transport forced
 (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0, distinct NCCL_HOSTID). Scenarios
 (each a fresh pair of processes; `--scenarios` picks a subset):
 
@@ -860,7 +860,7 @@ def main() -> int:
     import _common
 
     _common.setup_import_path()
-    from railhop.fabric import Fabric, unique_prefix
+    from railhop_lab.fabric import Fabric, unique_prefix
 
     tv = "fake"
     if not args.fake:

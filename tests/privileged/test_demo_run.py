@@ -19,7 +19,7 @@ import pytest
 
 from conftest import require_built
 from railhop import tracing
-from railhop.demo import PNG_SIZE, span_attrs
+from railhop_lab.demo import PNG_SIZE, span_attrs
 
 pytestmark = pytest.mark.privileged
 

@@ -27,8 +27,8 @@ import pytest
 
 from conftest import require_built, until
 from railhop import paths, tracing
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessRun, wait_for_bytes
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
 

@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from railhop import paths
 
 if TYPE_CHECKING:
-    from railhop.fabric import Fabric
+    from railhop_lab.fabric import Fabric
 
 Role = Literal["send", "recv"]
 

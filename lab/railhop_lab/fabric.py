@@ -555,7 +555,7 @@ class Fabric:
         if in_use or (owner and owner != os.getpid() and _pid_alive(owner)):
             raise FabricError(
                 f"prefix {self.prefix!r} is used by live process {owner}; pick another "
-                "(railhop.fabric.unique_prefix())"
+                "(railhop_lab.fabric.unique_prefix())"
             )
         remove_prefix(self.prefix)
         tmp = pidfile.with_suffix(f".tmp{os.getpid()}")
