@@ -350,6 +350,17 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
 @_root_option
 @click.option("--nic", "nics", multiple=True, help="Netdevs to manage (repeatable or a,b).")
 @click.option("--owner-uid", type=int, default=None, help="uid of the jobs (socket owner).")
+@click.option(
+    "--socket-group",
+    default=None,
+    help="Jobs of every member of this group (name or gid) may send lane events (socket 0660).",
+)
+@click.option(
+    "--socket-any-uid",
+    is_flag=True,
+    help="Any uid may send lane events (socket 0666); events are attributed and rate-limited "
+    "per uid and process.",
+)
 @click.option("--heartbeat-ms", type=click.IntRange(10, 60000), default=250, show_default=True)
 @click.option("--duration", type=click.FloatRange(min=0.0), default=None, help="Stop after SEC.")
 @click.option(
@@ -359,7 +370,13 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     default=None,
     help="Serve Prometheus metrics on this port (0: any free port; default: off).",
 )
-@click.option("--metrics-addr", envvar="RAILHOP_METRICS_ADDR", default="0.0.0.0", show_default=True)
+@click.option(
+    "--metrics-addr",
+    envvar="RAILHOP_METRICS_ADDR",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the metrics endpoint (0.0.0.0: every address, for a remote scraper).",
+)
 @click.option(
     "--traces/--no-traces",
     default=True,
@@ -399,6 +416,8 @@ def agent_cmd(
     root: Path,
     nics: tuple[str, ...],
     owner_uid: int | None,
+    socket_group: str | None,
+    socket_any_uid: bool,
     heartbeat_ms: int,
     duration: float | None,
     metrics_port: int | None,
@@ -433,6 +452,8 @@ def agent_cmd(
         nics=parse_nics(nics),
         heartbeat_ms=heartbeat_ms,
         owner_uid=owner_uid,
+        socket_gid=_gid(socket_group),
+        socket_any_uid=socket_any_uid,
         duration_s=duration,
         traces=traces,
         trace_file=trace_file,
@@ -449,6 +470,19 @@ def agent_cmd(
     except (AgentError, ControlError) as e:
         raise DomainError(str(e)) from e
     raise SystemExit(code)
+
+
+def _gid(group: str | None) -> int | None:
+    if group is None:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise click.BadParameter(f"no group {group!r}", param_hint="--socket-group") from None
 
 
 def _register_sources() -> None:

@@ -19,6 +19,8 @@ class AgentConfig:
     nics: tuple[str, ...] = ()  # netdevs to manage; empty: every NIC the topology finds
     heartbeat_ms: int = 250
     owner_uid: int | None = None  # the job's uid when the agent runs as root
+    socket_gid: int | None = None  # jobs of every member of this group may send lane events
+    socket_any_uid: bool = False  # any uid may send (attributed and rate-limited per uid)
     reload_interval_s: float = 2.0
     shutdown_timeout_s: float = 5.0
     duration_s: float | None = None  # stop after this long (tests, demo); None: until a signal
@@ -30,7 +32,8 @@ class AgentConfig:
     traces: bool = False  # export failover traces as the OTEL_* variables say
     trace_file: Path | None = None  # also append OTLP/JSON lines here
     metrics_port: int | None = None  # Prometheus endpoint; None: off, 0: an ephemeral port
-    metrics_addr: str = "0.0.0.0"  # a scrape target listens on every address
+    metrics_addr: str = "127.0.0.1"  # local scrapes only; --metrics-addr 0.0.0.0 for a remote
+    metrics_retry_s: float = 10.0  # a busy metrics port: try again this often
     # the plugin library to trace with USDT (lane events for traces/metrics when the plugin does
     # not send them on agent.sock, and per-lane bytes/latency); None: no USDT source
     usdt_lib: Path | None = None

@@ -21,7 +21,7 @@ from railhop import health, tracing
 from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError
-from railhop.daemon.lanes import LaneBook, write_status
+from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.publish import decisions, to_published
 from railhop.daemon.translate import (
     BAD_KINDS,
@@ -104,6 +104,8 @@ class AgentStats:
     policy_reloads: int = 0
     policy_errors: int = 0
     ignored_events: int = 0
+    status_write_errors: int = 0
+    metrics_bind_failures: int = 0
     last_transitions: list[health.Transition] = field(default_factory=list)
 
 
@@ -152,12 +154,21 @@ class Agent:
         self._burst = BurstGuard()
         self._status_dirty = True
         self._status_next = 0.0
+        self._reload_now = False
+        self._wake = asyncio.Event()
+        self._metrics_retry: asyncio.Task[None] | None = None
 
     def _now(self) -> float:
         return self._clock() / 1e9
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: re-read the policy file now (even when its mtime did not change)."""
+        self._policy_mtime = None
+        self._reload_now = True
+        self._wake.set()
 
     # -- setup
 
@@ -235,11 +246,34 @@ class Agent:
             self.metrics.set_tracer(self.tracer)
         if self.metrics is not None and cfg.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
-            try:
-                port = self.metrics_server.start()
-            except MetricsError as e:
-                raise AgentError(str(e)) from e
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+            if not self._start_metrics_server():
+                # a busy port (another agent, a stale scrape proxy) must not stop the node's
+                # failover: keep running and try again in the background
+                self._metrics_retry = asyncio.ensure_future(self._retry_metrics_server())
+
+    def _start_metrics_server(self) -> bool:
+        assert self.metrics_server is not None
+        cfg = self.config
+        try:
+            port = self.metrics_server.start()
+        except MetricsError as e:
+            self.stats.metrics_bind_failures += 1
+            if self.stats.metrics_bind_failures == 1:
+                log.warning(
+                    "%s: running without metrics, retrying every %.0f s",
+                    e,
+                    cfg.metrics_retry_s,
+                )
+            return False
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+        return True
+
+    async def _retry_metrics_server(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.config.metrics_retry_s)
+            if self._stop.is_set() or self._start_metrics_server():
+                return
 
     # -- the work
 
@@ -328,7 +362,11 @@ class Agent:
     def _lane_event(self, rx: ReceivedEvent) -> health.Event | None:
         self.stats.lane_events += 1
         pid = rx.peer.pid
-        hev = health_event_from_lane(rx.event, self._alias)
+        # the reporter, as the kernel names it (SO_PEERCRED): the health model wants two of
+        # them (or a kernel signal) before a lane signal takes a NIC down node-wide
+        hev = health_event_from_lane(
+            rx.event, self._alias, source=f"uid {rx.peer.uid} pid {rx.peer.pid}"
+        )
         if hev is not None:
             hev = self._burst.filter(hev, pid)
         self._book_lane(rx.event, pid)
@@ -364,12 +402,13 @@ class Agent:
         self._status_dirty = False
         self._status_next = now + self.config.status_interval_s
         try:
-            write_status(
-                self.control.run_dir / STATUS_FILE,
-                self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock()),
+            self.control.write_file(
+                STATUS_FILE,
+                status_bytes(self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock())),
             )
-        except OSError as e:
-            log.debug("status.json: %s", e)
+        except OSError as e:  # counted by the control plane (railhop_control_file_write_errors)
+            self.stats.status_write_errors += 1
+            log.warning("cannot write %s in %s: %s", STATUS_FILE, self.control.run_dir, e)
 
     def _usdt_lane_event(self, ev: PluginLaneEvent) -> None:
         """A plugin USDT probe: a lane event for traces and metrics (not for the health
@@ -429,12 +468,26 @@ class Agent:
     async def run(self) -> int:
         """Runs until a stop request, a signal or ``duration_s``; returns the exit status."""
         self._loop = asyncio.get_running_loop()
+        # first: a SIGTERM/SIGINT/SIGHUP during start-up must reach the clean-up below, not
+        # kill the process with the table still reading "alive"
+        installed = _install_signals(self._loop, self.request_stop, self.request_reload)
+        try:
+            return await self._run()
+        finally:
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        assert self._loop is not None
         self._load_initial_policy()
         self._setup_model()
+        cfg = self.config
         self.control = ControlPlane(
-            self.config.run_dir,
-            heartbeat_ms=self.config.heartbeat_ms,
-            owner_uid=self.config.owner_uid,
+            cfg.run_dir,
+            heartbeat_ms=cfg.heartbeat_ms,
+            owner_uid=cfg.owner_uid,
+            group_gid=cfg.socket_gid,
+            any_uid=cfg.socket_any_uid,
         )
         await self.control.start()
         try:
@@ -453,16 +506,13 @@ class Agent:
                     log.warning("cannot list this netns's NICs for USDT lane events: %s", e)
             self._usdt = UsdtLaneTranslator(nics)
             log.info("USDT lane events: plugin NIC order %s", ",".join(nics) or "unknown")
-        installed = _install_signals(self._loop, self.request_stop)
         pump = asyncio.create_task(self._pump_lane_events(), name="railhop-lane-events")
         try:
             self._publish()
             await self._start_sources()
             await self._loop_until_stopped()
         finally:
-            for sig in installed:
-                self._loop.remove_signal_handler(sig)
-            await self._shutdown(pump)
+            await self._shutdown(pump)  # marks the table gone, whatever ended the loop
         return 0
 
     @property
@@ -510,10 +560,13 @@ class Agent:
             timeout = max(0.0, min(wake) - now)
             get = asyncio.ensure_future(self._inbox.get())
             stop = asyncio.ensure_future(self._stop.wait())
+            hup = asyncio.ensure_future(self._wake.wait())
             done, _ = await asyncio.wait(
-                {get, stop}, timeout=timeout, return_when="FIRST_COMPLETED"
+                {get, stop, hup}, timeout=timeout, return_when="FIRST_COMPLETED"
             )
             stop.cancel()
+            hup.cancel()
+            self._wake.clear()
             if get in done:
                 self._handle(get.result())
                 while not self._inbox.empty():  # drain a burst before publishing once
@@ -526,7 +579,10 @@ class Agent:
                 self._transition(tr)
             if self.tracer is not None:
                 self.tracer.tick(self._clock())
-            if now >= next_reload:
+            if now >= next_reload or self._reload_now:
+                if self._reload_now:
+                    log.info("SIGHUP: reloading the policy")
+                self._reload_now = False
                 next_reload = now + self.config.reload_interval_s
                 self._maybe_reload_policy()
                 if self.metrics is not None:
@@ -548,6 +604,10 @@ class Agent:
             left = max(0.1, budget - (time.monotonic() - t0))
             tracer = self.tracer
             await asyncio.to_thread(tracer.shutdown, self._clock(), left)
+        if self._metrics_retry is not None:
+            self._metrics_retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._metrics_retry, 1.0)
         if self.metrics_server is not None:
             self.metrics_server.stop(1.0)
 
@@ -587,12 +647,14 @@ def _only(topo: Topology, wanted: set[str]) -> Topology:
 
 
 def _install_signals(
-    loop: asyncio.AbstractEventLoop, stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop, stop: Callable[[], None], reload: Callable[[], None]
 ) -> list[signal.Signals]:
+    """SIGTERM/SIGINT: stop cleanly; SIGHUP: reload the policy (an operator's habit; the
+    default action would kill the agent without clean-up)."""
     installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, reload)):
         try:
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, fn)
         except (NotImplementedError, RuntimeError, ValueError):
             continue  # not the main thread: the caller stops us with request_stop()
         installed.append(sig)
