@@ -344,6 +344,50 @@ def test_a_busy_metrics_port_is_a_warning_and_a_retry(
     assert len(warnings) == 1  # logged once, not at every retry
 
 
+def test_a_relative_policy_survives_a_cwd_change_during_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19, 9: libbcc chdir()s into the kernel build directory while it compiles (in an
+    eBPF source's start-up thread); a relative --policy was then "not found" once and
+    "reloaded" after. The fake source below does what bcc does."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY.read_text())
+    (tmp_path / "kbuild").mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    class ChdirSource(FakeSource):
+        async def start(self, emit: Callable[[Any], None]) -> list[Any]:
+            os.chdir(tmp_path / "kbuild")
+            return await super().start(emit)
+
+    fake = ChdirSource()
+    cfg = daemon.AgentConfig(
+        policy_path=Path("policies/p.yaml"),
+        run_dir=Path("run"),
+        sys_root=DGX,
+        heartbeat_ms=50,
+        reload_interval_s=0.02,
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake])
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: fake.emit is not None)
+        assert Path.cwd() == tmp_path / "kbuild"
+        reloads_seen = agent.stats.policy_reloads
+        t_end = time.monotonic() + 0.3  # 15 reload intervals with the cwd elsewhere
+        while time.monotonic() < t_end:
+            assert agent.stats.policy_errors == 0
+            await asyncio.sleep(0.02)
+        assert agent.stats.policy_reloads == reloads_seen == 0
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    assert (tmp_path / "run" / "health.tbl").exists()
+    assert agent.config.policy_path == tmp_path / "policies" / "p.yaml"
+
+
 # --- lanes, status.json, the TCP probe's port map, eBPF start-up in the background ----------
 
 

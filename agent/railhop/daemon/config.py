@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,26 @@ class AgentConfig:
     # not send them on agent.sock, and per-lane bytes/latency); None: no USDT source
     usdt_lib: Path | None = None
     plugin_nics: tuple[str, ...] = ()  # the plugins' NIC order (RAILHOP_NICS); empty: auto
+
+
+def with_absolute_paths(cfg: AgentConfig) -> AgentConfig:
+    """``cfg`` with every path made absolute against the current directory, once, at start.
+
+    The current directory is process-wide, and libbcc changes it while it compiles an eBPF
+    program (it enters the kernel's build directory and back, in the source's start-up thread):
+    a relative ``--policy`` read by the loop at that moment was "not found" (issue 19, 9)."""
+
+    def absolute(p: Path | None) -> Path | None:
+        return None if p is None else Path(os.path.abspath(p))
+
+    return dataclasses.replace(
+        cfg,
+        policy_path=absolute(cfg.policy_path),
+        run_dir=absolute(cfg.run_dir),
+        sys_root=Path(os.path.abspath(cfg.sys_root)),
+        trace_file=absolute(cfg.trace_file),
+        usdt_lib=absolute(cfg.usdt_lib),
+    )
 
 
 def parse_nics(values: Iterable[str]) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from railhop import health, tracing
 from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
-from railhop.daemon.config import AgentConfig, AgentError
+from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.publish import decisions, to_published
 from railhop.daemon.translate import (
@@ -125,7 +125,7 @@ class Agent:
         """``tracer``/``metrics``: given ones are used as they are; otherwise they are built
         from ``config`` (``traces``/``trace_file``, ``metrics_port``) and the process's
         ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves)."""
-        self.config = config
+        self.config = with_absolute_paths(config)  # libbcc changes the cwd while it compiles
         self._read_topology = topology_reader
         self._load_policy = policy_loader
         self._plan = planner
