@@ -348,7 +348,12 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     help="Where health.tbl and agent.sock live (default $RAILHOP_RUN_DIR or /run/railhop).",
 )
 @_root_option
-@click.option("--nic", "nics", multiple=True, help="Netdevs to manage (repeatable or a,b).")
+@click.option(
+    "--nic",
+    "nics",
+    multiple=True,
+    help="Netdevs to manage (repeatable or a,b). Default: RAILHOP_NICS, else auto-detection.",
+)
 @click.option("--owner-uid", type=int, default=None, help="uid of the jobs (socket owner).")
 @click.option(
     "--socket-group",
@@ -432,9 +437,11 @@ def agent_cmd(
 ) -> None:
     """Run the node agent: sources -> health -> plan -> plugins (stops cleanly on SIGTERM)."""
     import logging
+    import os
 
     from railhop.control import ControlError
     from railhop.daemon import AgentConfig, AgentError, parse_nics, run_agent
+    from railhop.daemon.config import choose_nics
 
     if check:
         from railhop.sources.cli import run_check
@@ -445,11 +452,13 @@ def agent_cmd(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    managed, nics_from = choose_nics(nics, os.environ)
     cfg = AgentConfig(
         policy_path=policy_path,
         run_dir=run_dir,
         sys_root=root,
-        nics=parse_nics(nics),
+        nics=managed,
+        nics_from=nics_from,
         heartbeat_ms=heartbeat_ms,
         owner_uid=owner_uid,
         socket_gid=_gid(socket_group),

@@ -603,3 +603,41 @@ def test_burst_guard_downgrades_one_process_timing_out_on_several_nics() -> None
     m, _ = m.apply(health.LaneTimeout("nic0", 1.0))
     m, _ = m.apply(health.Suspicion("nic2", 1.0))
     assert m.states == {"nic0": health.NicState.DOWN, "nic2": health.NicState.SUSPECT}
+
+
+def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
+    """Issue 19, 11: in a netns of veths the agent ignored RAILHOP_NICS. Precedence: --nic,
+    then RAILHOP_NICS, then auto-detection, and the agent says which at start."""
+    from click.testing import CliRunner
+
+    from railhop.cli import cli
+    from railhop.daemon.config import choose_nics
+
+    assert choose_nics(("a,b",), {"RAILHOP_NICS": "c"}) == (("a", "b"), "--nic")
+    assert choose_nics((), {"RAILHOP_NICS": "veth0:1, veth1:2,"}) == (
+        ("veth0", "veth1"),
+        "RAILHOP_NICS",
+    )
+    assert choose_nics((), {}) == ((), "auto-detection")
+
+    eth = REPO / "tests" / "fixtures" / "sys" / "ethernet"
+
+    def managed(env: dict[str, str], *args: str) -> tuple[set[str], str]:
+        run_dir = tmp_path / f"run{len(env)}{len(args)}"
+        r = CliRunner().invoke(
+            cli,
+            [
+                *("agent", "--root", str(eth), "--run-dir", str(run_dir), "--duration", "0.2"),
+                *("--sources", "", "--no-traces", *args),
+            ],
+            env=env,
+        )
+        assert r.exit_code == 0, r.output
+        return {n.ifname for n in read_table(run_dir / "health.tbl").nics}, r.output
+
+    nics, _ = managed({"RAILHOP_NICS": "veth0:3"})
+    assert nics == {"veth0"}  # a virtual NIC: only ever managed when named
+    nics, _ = managed({"RAILHOP_NICS": "veth0:3"}, "--nic", "ens1f0")
+    assert nics == {"ens1f0"}
+    nics, _ = managed({})
+    assert "veth0" not in nics and nics

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ class AgentConfig:
     run_dir: Path | None = None  # None: $RAILHOP_RUN_DIR or /run/railhop
     sys_root: Path = Path("/")
     nics: tuple[str, ...] = ()  # netdevs to manage; empty: every NIC the topology finds
+    nics_from: str = ""  # where ``nics`` came from ("--nic", "RAILHOP_NICS"), for the log
     heartbeat_ms: int = 250
     owner_uid: int | None = None  # the job's uid when the agent runs as root
     socket_gid: int | None = None  # jobs of every member of this group may send lane events
@@ -60,6 +61,20 @@ def with_absolute_paths(cfg: AgentConfig) -> AgentConfig:
         trace_file=absolute(cfg.trace_file),
         usdt_lib=absolute(cfg.usdt_lib),
     )
+
+
+def choose_nics(cli: Iterable[str], env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
+    """The NICs to manage and where they come from: ``--nic`` first, then ``RAILHOP_NICS``
+    (the plugin's own list, ``ifname[:rail],...``: the agent then manages what the jobs use,
+    veths without a PCI device included), else auto-detection (``()``, ``"auto-detection"``)."""
+    given = parse_nics(cli)
+    if given:
+        return given, "--nic"
+    from_env = tuple(x.split(":")[0].strip() for x in env.get("RAILHOP_NICS", "").split(","))
+    from_env = tuple(x for x in from_env if x)
+    if from_env:
+        return from_env, "RAILHOP_NICS"
+    return (), "auto-detection"
 
 
 def parse_nics(values: Iterable[str]) -> tuple[str, ...]:

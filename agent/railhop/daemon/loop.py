@@ -206,8 +206,14 @@ class Agent:
         if self.config.nics:
             wanted = set(self.config.nics)
             topo = _only(topo, wanted)
+        source = self.config.nics_from or ("--nic" if self.config.nics else "auto-detection")
         if not topo.nics:
-            raise AgentError("no NIC to manage (check --nic / the sysfs root)")
+            raise AgentError(
+                f"no NIC to manage (NICs from {source}: "
+                f"{','.join(self.config.nics) or 'none found'}; check --nic / RAILHOP_NICS / "
+                "the sysfs root)"
+            )
+        log.info("managing NICs %s (from %s)", ",".join(ifname_of(n) for n in topo.nics), source)
         self.topology = topo
         self._alias = aliases(topo)
         names = [ifname_of(n) for n in topo.nics]
