@@ -641,3 +641,28 @@ def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
     assert nics == {"ens1f0"}
     nics, _ = managed({})
     assert "veth0" not in nics and nics
+
+
+def test_status_shows_privileges_and_export_health(tmp_path: Path) -> None:
+    """Issue 19 "done when": `railhop status` shows the agent's privileges and export health."""
+    from railhop.control.status import format_status, read_status_doc
+
+    run_dir = tmp_path / "run"
+    cfg = daemon.AgentConfig(run_dir=run_dir, sys_root=DGX, sources=(), status_interval_s=0.01)
+    agent = daemon.Agent(cfg)
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until((run_dir / "status.json").exists)
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    doc = read_status_doc(run_dir / "status.json")
+    assert doc is not None
+    assert doc["privileges"]["uid"] == os.geteuid()
+    assert isinstance(doc["privileges"]["effective"], list)
+    assert doc["export"] == []
+    text = format_status(read_table(run_dir / "health.tbl"), time.monotonic_ns(), lanes=doc)
+    assert f"privileges: uid {os.geteuid()}" in text
+    assert "trace export: off" in text

@@ -22,6 +22,7 @@ from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
+from railhop.daemon.privileges import privileges
 from railhop.daemon.publish import decisions, to_published
 from railhop.daemon.translate import (
     BAD_KINDS,
@@ -39,6 +40,7 @@ from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
 from railhop.sources.events import PluginLaneEvent
 from railhop.topology import Topology, read_topology
+from railhop.tracing.health import ExportHealth
 
 log = logging.getLogger("railhop.agent")
 
@@ -155,6 +157,8 @@ class Agent:
         self._status_dirty = True
         self._status_next = 0.0
         self._reload_now = False
+        self.export_health: list[ExportHealth] = []  # one per OTLP exporter
+        self._export_seen: tuple[tuple[int, int], ...] = ()
         self._wake = asyncio.Event()
         self._metrics_retry: asyncio.Task[None] | None = None
 
@@ -241,6 +245,7 @@ class Agent:
                 sinks, _res = tracing.sinks_from_env(
                     os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"},
                     trace_file=cfg.trace_file,
+                    health=self.export_health,
                 )
             except tracing.TracingError as e:
                 raise AgentError(str(e)) from e
@@ -402,16 +407,23 @@ class Agent:
             except Exception as e:  # a map update must not stop the loop
                 log.debug("TCP probe port map: %s", e)
 
+    def _status_doc(self) -> dict[str, Any]:
+        doc = self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock())
+        doc["export"] = [h.as_dict() for h in self.export_health]
+        doc["privileges"] = privileges()
+        return doc
+
     def _maybe_write_status(self, now: float) -> None:
+        seen = tuple((h.ok_batches, h.failed_batches) for h in self.export_health)
+        if seen != self._export_seen:
+            self._export_seen = seen
+            self._status_dirty = True
         if not self._status_dirty or now < self._status_next or self.control is None:
             return
         self._status_dirty = False
         self._status_next = now + self.config.status_interval_s
         try:
-            self.control.write_file(
-                STATUS_FILE,
-                status_bytes(self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock())),
-            )
+            self.control.write_file(STATUS_FILE, status_bytes(self._status_doc()))
         except OSError as e:  # counted by the control plane (railhop_control_file_write_errors)
             self.stats.status_write_errors += 1
             log.warning("cannot write %s in %s: %s", STATUS_FILE, self.control.run_dir, e)
