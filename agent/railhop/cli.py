@@ -413,6 +413,11 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     show_default=True,
     help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
 )
+@click.option(
+    "--keep-capabilities",
+    is_flag=True,
+    help="Do not drop capabilities once the sources have started (debugging).",
+)
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def agent_cmd(
@@ -432,6 +437,7 @@ def agent_cmd(
     usdt_lib: Path | None,
     plugin_nics: str,
     sources: str,
+    keep_capabilities: bool,
     check: bool,
     verbose: bool,
 ) -> None:
@@ -471,6 +477,7 @@ def agent_cmd(
         usdt_lib=usdt_lib,
         plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
         sources=tuple(x for x in sources.split(",") if x),
+        drop_capabilities=not keep_capabilities,
     )
     try:
         code = run_agent(cfg)

@@ -332,3 +332,57 @@ def test_c_plugin_running_as_the_job_owner(base: Path) -> None:
             assert [rx.event.conn_id for rx in got] == [1000, 1001, 1002, 1003, 1004]
 
     asyncio.run(body())
+
+
+def _caps_of_self() -> list[str]:
+    fields = dict(
+        ln.split(":", 1) for ln in Path("/proc/self/status").read_text().splitlines() if ":" in ln
+    )
+    return [fields["CapEff"].strip(), fields["CapPrm"].strip()]
+
+
+def test_agent_drops_capabilities_once_its_sources_started(base: Path) -> None:
+    """Issue 19, 8: the agent kept every capability it started with. `railhop agent` (root,
+    every capability) drops them once its sources have started (none is needed after that
+    without --usdt-lib), and status.json / `railhop status` show what it keeps."""
+    run = base / "run"
+    dgx = REPO / "tests" / "fixtures" / "sys" / "dgx-h100"
+    assert any(int(x, 16) for x in _caps_of_self()), "the test must run with capabilities"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "railhop",
+            "agent",
+            *("--root", str(dgx), "--run-dir", str(run), "--sources", "", "--no-traces"),
+            *("--duration", "20"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        doc: dict[str, object] | None = None
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no status.json with dropped capabilities"
+            try:
+                doc = json.loads((run / "status.json").read_text())
+            except (OSError, ValueError):
+                doc = None
+            if doc and doc.get("privileges", {}).get("effective") == []:  # type: ignore[union-attr]
+                break
+            time.sleep(0.05)
+        priv = doc["privileges"]  # type: ignore[index]
+        assert priv["uid"] == 0 and priv["permitted"] == [] and priv["beyond_needed"] == []
+        out = subprocess.run(
+            [sys.executable, "-m", "railhop", "status", "--run-dir", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert "privileges: uid 0" in out.stdout and "capabilities none" in out.stdout, out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

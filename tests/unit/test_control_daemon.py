@@ -628,7 +628,7 @@ def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
             cli,
             [
                 *("agent", "--root", str(eth), "--run-dir", str(run_dir), "--duration", "0.2"),
-                *("--sources", "", "--no-traces", *args),
+                *("--sources", "", "--no-traces", "--keep-capabilities", *args),
             ],
             env=env,
         )

@@ -37,6 +37,9 @@ class AgentConfig:
     metrics_port: int | None = None  # Prometheus endpoint; None: off, 0: an ephemeral port
     metrics_addr: str = "127.0.0.1"  # local scrapes only; --metrics-addr 0.0.0.0 for a remote
     metrics_retry_s: float = 10.0  # a busy metrics port: try again this often
+    # after the sources start (railhop.daemon.privileges); `railhop agent` turns it on, an
+    # agent embedded in another process (tests, the lab) leaves its host's thread alone
+    drop_capabilities: bool = False
     # the plugin library to trace with USDT (lane events for traces/metrics when the plugin does
     # not send them on agent.sock, and per-lane bytes/latency); None: no USDT source
     usdt_lib: Path | None = None

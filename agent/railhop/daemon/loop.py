@@ -22,7 +22,7 @@ from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
-from railhop.daemon.privileges import privileges
+from railhop.daemon.privileges import drop_capabilities, privileges
 from railhop.daemon.publish import decisions, to_published
 from railhop.daemon.translate import (
     BAD_KINDS,
@@ -525,13 +525,36 @@ class Agent:
             self._usdt = UsdtLaneTranslator(nics)
             log.info("USDT lane events: plugin NIC order %s", ",".join(nics) or "unknown")
         pump = asyncio.create_task(self._pump_lane_events(), name="railhop-lane-events")
+        dropper: asyncio.Task[None] | None = None
         try:
             self._publish()
             await self._start_sources()
+            if cfg.drop_capabilities:
+                dropper = asyncio.create_task(self._drop_capabilities(), name="railhop-caps")
             await self._loop_until_stopped()
         finally:
+            if dropper is not None:
+                dropper.cancel()
             await self._shutdown(pump)  # marks the table gone, whatever ended the loop
         return 0
+
+    async def _drop_capabilities(self) -> None:
+        """Once every source has started (probes attached or given up), the loop thread keeps
+        only what it still needs (:mod:`railhop.daemon.privileges`)."""
+        await self.sources.ready.wait()
+        keep = {"CAP_SYS_PTRACE"} if self.config.usdt_lib is not None else set()
+        try:
+            dropped = drop_capabilities(keep)
+        except OSError as e:
+            log.warning("cannot drop capabilities: %s", e)
+            return
+        if dropped:
+            log.info(
+                "probes attached: dropped %s; keeping %s",
+                " ".join(dropped),
+                " ".join(sorted(keep)) or "no capability",
+            )
+        self._status_dirty = True
 
     @property
     def sources_ready(self) -> asyncio.Event:
