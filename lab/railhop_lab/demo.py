@@ -360,11 +360,14 @@ class AgentProc:
         return self.proc.returncode
 
 
-def scrape(fab: Fabric, node: int, port: int = METRICS_PORT) -> dict[str, float]:
-    """GET /metrics inside a node's netns (the agent listens on that netns's loopback)."""
+def scrape(
+    fab: Fabric, node: int, port: int = METRICS_PORT, *, timeout: float = 2.0
+) -> dict[str, float]:
+    """GET /metrics inside a node's netns (the agent listens on that netns's loopback): sample
+    name with labels -> value (a line that does not parse is left out)."""
     s = fab.socket(node)
     try:
-        s.settimeout(2)
+        s.settimeout(timeout)
         s.connect(("127.0.0.1", port))
         s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
         data = b""

@@ -53,9 +53,9 @@
 					__VA_ARGS__);                                   \
 		}                                                                       \
 	} while (0)
-#define WARN(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_WARN, __VA_ARGS__)
-#define INFO(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_INFO, __VA_ARGS__)
-#define TRACE(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_TRACE, __VA_ARGS__)
+#define CTL_WARN(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_WARN, __VA_ARGS__)
+#define CTL_INFO(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_INFO, __VA_ARGS__)
+#define CTL_TRACE(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_TRACE, __VA_ARGS__)
 #define STAT_INC(ctl, field) __atomic_fetch_add(&(ctl)->stats.field, 1, __ATOMIC_RELAXED)
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -284,7 +284,7 @@ int rh_ctl_open(const char *run_dir, const struct rh_ctl_opts *opts, struct rh_c
 	ctl->next_map_id = 1;
 	pthread_mutex_init(&ctl->poll_lock, NULL);
 	pthread_mutex_init(&ctl->sock_lock, NULL);
-	INFO(ctl, "railhop control plane in %s", run_dir);
+	CTL_INFO(ctl, "railhop control plane in %s", run_dir);
 	rh_ctl_refresh(ctl);
 	*out = ctl;
 	return 0;
@@ -365,8 +365,8 @@ static int map_table(struct rh_ctl *ctl)
 	if (stat(ctl->table_path, &st) != 0) {
 		rc = -errno;
 		if (!ctl->absent_logged) {
-			INFO(ctl, "no agent table at %s (%s): working alone until one appears",
-			     ctl->table_path, strerror(-rc));
+			CTL_INFO(ctl, "no agent table at %s (%s): working alone until one appears",
+				 ctl->table_path, strerror(-rc));
 			ctl->absent_logged = 1;
 		}
 		return rc;
@@ -384,27 +384,29 @@ static int map_table(struct rh_ctl *ctl)
 		return -errno;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < RH_CTL_TABLE_SIZE) {
-		WARN(ctl, "agent table %s is not a regular file of >= %d bytes: ignored",
-		     ctl->table_path, RH_CTL_TABLE_SIZE);
+		CTL_WARN(ctl, "agent table %s is not a regular file of >= %d bytes: ignored",
+			 ctl->table_path, RH_CTL_TABLE_SIZE);
 		rc = -EPROTO;
 		goto reject;
 	}
 	if (!owner_ok(ctl, st.st_uid) || (st.st_mode & (S_IWGRP | S_IWOTH))) {
-		WARN(ctl,
-		     "agent table %s is owned by uid %u with mode %o: only a table of root or the "
-		     "agent's uid (RAILHOP_AGENT_UID), writable by its owner alone, is trusted: "
-		     "ignored, working alone",
-		     ctl->table_path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+		CTL_WARN(
+			ctl,
+			"agent table %s is owned by uid %u with mode %o: only a table of root or the "
+			"agent's uid (RAILHOP_AGENT_UID), writable by its owner alone, is trusted: "
+			"ignored, working alone",
+			ctl->table_path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
 		rc = -EPERM;
 		goto reject;
 	}
 	rc = pread_all(fd, &h, sizeof(h), 0);
 	if (rc == 0 && check_header(&h) != 0) {
-		WARN(ctl,
-		     "agent table %s has magic %#x layout %u (want %#x layout %u) or other sizes: "
-		     "ignored, working alone",
-		     ctl->table_path, h.magic, h.layout_version, RH_CTL_MAGIC,
-		     RH_CTL_LAYOUT_VERSION);
+		CTL_WARN(
+			ctl,
+			"agent table %s has magic %#x layout %u (want %#x layout %u) or other sizes: "
+			"ignored, working alone",
+			ctl->table_path, h.magic, h.layout_version, RH_CTL_MAGIC,
+			RH_CTL_LAYOUT_VERSION);
 		rc = -EPROTO;
 	}
 	if (rc != 0) {
@@ -430,8 +432,8 @@ static int map_table(struct rh_ctl *ctl)
 	__atomic_store_n(&ctl->cur, m, __ATOMIC_RELEASE);
 	STAT_INC(ctl, remaps);
 	ctl->absent_logged = 0;
-	INFO(ctl, "agent table %s: agent pid %u generation %llu%s", ctl->table_path, h.agent_pid,
-	     (unsigned long long)h.generation, cur ? " (agent restarted)" : "");
+	CTL_INFO(ctl, "agent table %s: agent pid %u generation %llu%s", ctl->table_path,
+		 h.agent_pid, (unsigned long long)h.generation, cur ? " (agent restarted)" : "");
 	return 1;
 reject:
 	close(fd);
@@ -455,8 +457,8 @@ static void check_agent_alive(struct rh_ctl *ctl)
 	rc = proc_start_ticks(m->agent_pid, &ticks);
 	if (rc == -ENOENT || (rc == 0 && ticks != m->agent_start_ticks)) {
 		__atomic_store_n(&m->dead, 1, __ATOMIC_RELEASE);
-		WARN(ctl, "agent pid %u (generation %llu) is gone: working alone", m->agent_pid,
-		     (unsigned long long)m->generation);
+		CTL_WARN(ctl, "agent pid %u (generation %llu) is gone: working alone", m->agent_pid,
+			 (unsigned long long)m->generation);
 	}
 }
 
@@ -610,17 +612,18 @@ io:
 	invalidate(v);
 	STAT_INC(ctl, proto_errors);
 	if (!__atomic_exchange_n(&m->warned, 1, __ATOMIC_RELAXED)) {
-		WARN(ctl, "agent table %s (generation %llu) cannot be read (%s): working alone",
-		     ctl->table_path, (unsigned long long)m->generation,
-		     rc == -EPROTO ? "truncated" : strerror(-rc));
+		CTL_WARN(ctl, "agent table %s (generation %llu) cannot be read (%s): working alone",
+			 ctl->table_path, (unsigned long long)m->generation,
+			 rc == -EPROTO ? "truncated" : strerror(-rc));
 	}
 	return -EPROTO;
 proto:
 	invalidate(v);
 	STAT_INC(ctl, proto_errors);
 	if (!__atomic_exchange_n(&m->warned, 1, __ATOMIC_RELAXED)) {
-		WARN(ctl, "agent table %s (generation %llu) is corrupt: ignoring it, working alone",
-		     ctl->table_path, (unsigned long long)m->generation);
+		CTL_WARN(ctl,
+			 "agent table %s (generation %llu) is corrupt: ignoring it, working alone",
+			 ctl->table_path, (unsigned long long)m->generation);
 	}
 	return -EPROTO;
 }
@@ -661,8 +664,8 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 		rc = -errno;
 		close(fd);
 		if (!ctl->connect_warned) {
-			INFO(ctl, "agent socket %s: %s (lane events dropped until it is up)",
-			     ctl->sock_addr.sun_path, strerror(-rc));
+			CTL_INFO(ctl, "agent socket %s: %s (lane events dropped until it is up)",
+				 ctl->sock_addr.sun_path, strerror(-rc));
 			ctl->connect_warned = 1;
 		}
 		return rc;
@@ -675,11 +678,12 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 		    !owner_ok(ctl, cred.uid)) {
 			close(fd);
 			if (!ctl->connect_warned) {
-				WARN(ctl,
-				     "agent socket %s is served by uid %d, not root or the agent's "
-				     "uid (RAILHOP_AGENT_UID): lane events not sent",
-				     ctl->sock_addr.sun_path,
-				     len == sizeof(cred) ? (int)cred.uid : -1);
+				CTL_WARN(
+					ctl,
+					"agent socket %s is served by uid %d, not root or the agent's "
+					"uid (RAILHOP_AGENT_UID): lane events not sent",
+					ctl->sock_addr.sun_path,
+					len == sizeof(cred) ? (int)cred.uid : -1);
 				ctl->connect_warned = 1;
 			}
 			return -EPERM;
@@ -688,7 +692,7 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 	ctl->sock_fd = fd;
 	ctl->connect_warned = 0;
 	STAT_INC(ctl, connects);
-	INFO(ctl, "connected to agent socket %s", ctl->sock_addr.sun_path);
+	CTL_INFO(ctl, "connected to agent socket %s", ctl->sock_addr.sun_path);
 	return 0;
 }
 
@@ -734,7 +738,7 @@ int rh_ctl_send_event(struct rh_ctl *ctl, const struct rh_lane_event *ev)
 			break;
 		}
 		/* the agent went away (restart): reconnect once at once */
-		TRACE(ctl, "agent socket send: %s, reconnecting", strerror(-rc));
+		CTL_TRACE(ctl, "agent socket send: %s, reconnecting", strerror(-rc));
 		close(ctl->sock_fd);
 		ctl->sock_fd = -1;
 		rc = -ENOTCONN;

@@ -45,17 +45,14 @@ from railhop.daemon.lanes import LaneBook, write_status
 from railhop.daemon.loop import Agent, AgentStats, default_sources, plugin_nic_order, run_agent
 from railhop.daemon.publish import decisions, published_state, reason_code, to_published
 from railhop.daemon.translate import (
-    BAD_KINDS,
     BurstGuard,
     UsdtLaneTranslator,
     aliases,
     health_event_from_lane,
     health_event_from_source,
-    ifname_of,
 )
 
 __all__ = [
-    "BAD_KINDS",
     "Agent",
     "AgentConfig",
     "AgentError",
@@ -68,7 +65,6 @@ __all__ = [
     "default_sources",
     "health_event_from_lane",
     "health_event_from_source",
-    "ifname_of",
     "parse_nics",
     "plugin_nic_order",
     "published_state",

@@ -35,6 +35,7 @@ from railhop.daemon.translate import (
 )
 from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
+from railhop.procs import netns_ino
 from railhop.sources.base import Capability, Registry, Source
 from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
@@ -150,7 +151,7 @@ class Agent:
         self.metrics_server: MetricsServer | None = None
         self._usdt: UsdtLaneTranslator | None = None
         self._socket_lane_pids: set[int] = set()  # plugins that report on agent.sock
-        self._netns_ino = _netns_ino(os.getpid())
+        self._netns_ino = netns_ino(os.getpid())
         self._same_netns: dict[int, bool] = {}
         self.lanes = LaneBook()
         self._burst = BurstGuard()
@@ -449,7 +450,7 @@ class Agent:
     def _in_my_netns(self, pid: int) -> bool:
         same = self._same_netns.get(pid)
         if same is None:
-            ino = _netns_ino(pid)
+            ino = netns_ino(pid)
             same = ino is None or self._netns_ino is None or ino == self._netns_ino
             if len(self._same_netns) > 4096:
                 self._same_netns.clear()
@@ -667,13 +668,6 @@ def plugin_nic_order() -> list[str]:
         }
         v4 = {str(a.get_attr("IFA_LABEL")) for a in ipr.get_addr(family=socket.AF_INET)}
     return sorted(up & v4)
-
-
-def _netns_ino(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
 
 
 def _mtime(path: Path) -> float | None:
