@@ -666,3 +666,58 @@ def test_status_shows_privileges_and_export_health(tmp_path: Path) -> None:
     text = format_status(read_table(run_dir / "health.tbl"), time.monotonic_ns(), lanes=doc)
     assert f"privileges: uid {os.geteuid()}" in text
     assert "trace export: off" in text
+
+
+def test_a_forged_future_timestamp_cannot_keep_a_nic_down(tmp_path: Path) -> None:
+    """Issue 19, 3: lane events dated t_ns = 2**62 froze the NIC's state machine in DOWN (its
+    clock jumped to the forged time, the hold-off never ended). Clamped to the receive time, the
+    NIC goes DOWN (two processes report it), ends its hold-off, and comes back on evidence."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    run_dir = tmp_path / "run"
+    cfg = daemon.AgentConfig(
+        policy_path=policy, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50, reload_interval_s=1
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [])
+    table = run_dir / "health.tbl"
+    forged = LaneEvent(EventType.LANE_TIMEOUT, pid=os.getpid(), nic="ibp93s0", t_ns=2**62)
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(table) is not None)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(run_dir / "agent.sock"))
+            c.send(encode_event(forged))
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                "s.connect(sys.argv[1]); s.send(bytes.fromhex(sys.argv[2])); s.recv(1)",
+                str(run_dir / "agent.sock"),
+                encode_event(forged).hex(),
+            )
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.DOWN)
+            child.kill()
+            await asyncio.wait_for(child.wait(), 10)
+            assert agent.model is not None
+            assert agent.model["ibp93s0"].t < time.monotonic() + 60  # not 2**62 ns
+            # the hold-off (1 s) ends: RECOVERING, then a plugin fails back onto it: UP
+            await until(
+                lambda: (
+                    agent.model is not None
+                    and agent.model["ibp93s0"].state is health.NicState.RECOVERING
+                )
+            )
+            c.send(
+                encode_event(
+                    LaneEvent(
+                        EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
+                    )
+                )
+            )
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.UP)
+        assert agent.control is not None and agent.control.counters.clamped == 2
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
