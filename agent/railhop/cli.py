@@ -348,8 +348,24 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     help="Where health.tbl and agent.sock live (default $RAILHOP_RUN_DIR or /run/railhop).",
 )
 @_root_option
-@click.option("--nic", "nics", multiple=True, help="Netdevs to manage (repeatable or a,b).")
+@click.option(
+    "--nic",
+    "nics",
+    multiple=True,
+    help="Netdevs to manage (repeatable or a,b). Default: RAILHOP_NICS, else auto-detection.",
+)
 @click.option("--owner-uid", type=int, default=None, help="uid of the jobs (socket owner).")
+@click.option(
+    "--socket-group",
+    default=None,
+    help="Jobs of every member of this group (name or gid) may send lane events (socket 0660).",
+)
+@click.option(
+    "--socket-any-uid",
+    is_flag=True,
+    help="Any uid may send lane events (socket 0666); events are attributed and rate-limited "
+    "per uid and process.",
+)
 @click.option("--heartbeat-ms", type=click.IntRange(10, 60000), default=250, show_default=True)
 @click.option("--duration", type=click.FloatRange(min=0.0), default=None, help="Stop after SEC.")
 @click.option(
@@ -359,7 +375,13 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     default=None,
     help="Serve Prometheus metrics on this port (0: any free port; default: off).",
 )
-@click.option("--metrics-addr", envvar="RAILHOP_METRICS_ADDR", default="0.0.0.0", show_default=True)
+@click.option(
+    "--metrics-addr",
+    envvar="RAILHOP_METRICS_ADDR",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the metrics endpoint (0.0.0.0: every address, for a remote scraper).",
+)
 @click.option(
     "--traces/--no-traces",
     default=True,
@@ -391,6 +413,11 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     show_default=True,
     help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
 )
+@click.option(
+    "--keep-capabilities",
+    is_flag=True,
+    help="Do not drop capabilities once the sources have started (debugging).",
+)
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def agent_cmd(
@@ -399,6 +426,8 @@ def agent_cmd(
     root: Path,
     nics: tuple[str, ...],
     owner_uid: int | None,
+    socket_group: str | None,
+    socket_any_uid: bool,
     heartbeat_ms: int,
     duration: float | None,
     metrics_port: int | None,
@@ -408,14 +437,17 @@ def agent_cmd(
     usdt_lib: Path | None,
     plugin_nics: str,
     sources: str,
+    keep_capabilities: bool,
     check: bool,
     verbose: bool,
 ) -> None:
     """Run the node agent: sources -> health -> plan -> plugins (stops cleanly on SIGTERM)."""
     import logging
+    import os
 
     from railhop.control import ControlError
     from railhop.daemon import AgentConfig, AgentError, parse_nics, run_agent
+    from railhop.daemon.config import choose_nics
 
     if check:
         from railhop.sources.cli import run_check
@@ -426,13 +458,17 @@ def agent_cmd(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    managed, nics_from = choose_nics(nics, os.environ)
     cfg = AgentConfig(
         policy_path=policy_path,
         run_dir=run_dir,
         sys_root=root,
-        nics=parse_nics(nics),
+        nics=managed,
+        nics_from=nics_from,
         heartbeat_ms=heartbeat_ms,
         owner_uid=owner_uid,
+        socket_gid=_gid(socket_group),
+        socket_any_uid=socket_any_uid,
         duration_s=duration,
         traces=traces,
         trace_file=trace_file,
@@ -441,6 +477,7 @@ def agent_cmd(
         usdt_lib=usdt_lib,
         plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
         sources=tuple(x for x in sources.split(",") if x),
+        drop_capabilities=not keep_capabilities,
     )
     try:
         code = run_agent(cfg)
@@ -449,6 +486,19 @@ def agent_cmd(
     except (AgentError, ControlError) as e:
         raise DomainError(str(e)) from e
     raise SystemExit(code)
+
+
+def _gid(group: str | None) -> int | None:
+    if group is None:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise click.BadParameter(f"no group {group!r}", param_hint="--socket-group") from None
 
 
 def _register_sources() -> None:

@@ -291,6 +291,9 @@ class _Dynamic(Collector):
             ("malformed", "Lane event messages dropped as malformed"),
             ("queue_dropped", "Lane events dropped: agent queue full"),
             ("peers_rejected", "Event socket peers rejected (uid)"),
+            ("rate_limited", "Lane events dropped: over a per-process or per-uid rate limit"),
+            ("clamped", "Lane events dated in the future, clamped to the receive time"),
+            ("file_write_errors", "Run-directory files (status.json) that could not be written"),
         ):
             fam = CounterMetricFamily(f"railhop_control_{name}", doc)
             fam.add_metric([], int(getattr(c, name, 0)))

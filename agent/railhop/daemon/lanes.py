@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from railhop.control import EventType, LaneEvent
+from railhop.control.rundir import write_file_at
 
 
 @dataclass
@@ -139,13 +139,12 @@ class LaneBook:
         }
 
 
+def status_bytes(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
 def write_status(path: Path, doc: Mapping[str, Any]) -> None:
-    """Write ``doc`` as JSON to ``path`` atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``doc`` as JSON to ``path`` atomically: a new temp file (O_EXCL | O_NOFOLLOW,
+    random name) through the directory's descriptor, every byte, renamed into place. OSError on
+    any failure (the agent logs it at WARNING and counts it)."""
+    write_file_at(path, status_bytes(doc))

@@ -20,8 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 from railhop import health, tracing
 from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
-from railhop.daemon.config import AgentConfig, AgentError
-from railhop.daemon.lanes import LaneBook, write_status
+from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
+from railhop.daemon.lanes import LaneBook, status_bytes
+from railhop.daemon.privileges import drop_capabilities, privileges
 from railhop.daemon.publish import decisions, to_published
 from railhop.daemon.translate import (
     BAD_KINDS,
@@ -40,6 +41,7 @@ from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
 from railhop.sources.events import PluginLaneEvent
 from railhop.topology import Topology, read_topology
+from railhop.tracing.health import ExportHealth
 
 log = logging.getLogger("railhop.agent")
 
@@ -109,6 +111,8 @@ class AgentStats:
     policy_reloads: int = 0
     policy_errors: int = 0
     ignored_events: int = 0
+    status_write_errors: int = 0
+    metrics_bind_failures: int = 0
     last_transitions: list[health.Transition] = field(default_factory=list)
 
 
@@ -128,7 +132,7 @@ class Agent:
         """``tracer``/``metrics``: given ones are used as they are; otherwise they are built
         from ``config`` (``traces``/``trace_file``, ``metrics_port``) and the process's
         ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves)."""
-        self.config = config
+        self.config = with_absolute_paths(config)  # libbcc changes the cwd while it compiles
         self._read_topology = topology_reader
         self._load_policy = policy_loader
         self._plan = planner
@@ -157,12 +161,23 @@ class Agent:
         self._burst = BurstGuard()
         self._status_dirty = True
         self._status_next = 0.0
+        self._reload_now = False
+        self.export_health: list[ExportHealth] = []  # one per OTLP exporter
+        self._export_seen: tuple[tuple[int, int], ...] = ()
+        self._wake = asyncio.Event()
+        self._metrics_retry: asyncio.Task[None] | None = None
 
     def _now(self) -> float:
         return self._clock() / 1e9
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: re-read the policy file now (even when its mtime did not change)."""
+        self._policy_mtime = None
+        self._reload_now = True
+        self._wake.set()
 
     # -- setup
 
@@ -200,8 +215,14 @@ class Agent:
         if self.config.nics:
             wanted = set(self.config.nics)
             topo = _only(topo, wanted)
+        source = self.config.nics_from or ("--nic" if self.config.nics else "auto-detection")
         if not topo.nics:
-            raise AgentError("no NIC to manage (check --nic / the sysfs root)")
+            raise AgentError(
+                f"no NIC to manage (NICs from {source}: "
+                f"{','.join(self.config.nics) or 'none found'}; check --nic / RAILHOP_NICS / "
+                "the sysfs root)"
+            )
+        log.info("managing NICs %s (from %s)", ",".join(ifname_of(n) for n in topo.nics), source)
         self.topology = topo
         self._alias = aliases(topo)
         names = [ifname_of(n) for n in topo.nics]
@@ -229,6 +250,7 @@ class Agent:
                 sinks, _res = tracing.sinks_from_env(
                     os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"},
                     trace_file=cfg.trace_file,
+                    health=self.export_health,
                 )
             except tracing.TracingError as e:
                 raise AgentError(str(e)) from e
@@ -240,11 +262,34 @@ class Agent:
             self.metrics.set_tracer(self.tracer)
         if self.metrics is not None and cfg.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
-            try:
-                port = self.metrics_server.start()
-            except MetricsError as e:
-                raise AgentError(str(e)) from e
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+            if not self._start_metrics_server():
+                # a busy port (another agent, a stale scrape proxy) must not stop the node's
+                # failover: keep running and try again in the background
+                self._metrics_retry = asyncio.ensure_future(self._retry_metrics_server())
+
+    def _start_metrics_server(self) -> bool:
+        assert self.metrics_server is not None
+        cfg = self.config
+        try:
+            port = self.metrics_server.start()
+        except MetricsError as e:
+            self.stats.metrics_bind_failures += 1
+            if self.stats.metrics_bind_failures == 1:
+                log.warning(
+                    "%s: running without metrics, retrying every %.0f s",
+                    e,
+                    cfg.metrics_retry_s,
+                )
+            return False
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+        return True
+
+    async def _retry_metrics_server(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.config.metrics_retry_s)
+            if self._stop.is_set() or self._start_metrics_server():
+                return
 
     # -- the work
 
@@ -333,7 +378,11 @@ class Agent:
     def _lane_event(self, rx: ReceivedEvent) -> health.Event | None:
         self.stats.lane_events += 1
         pid = rx.peer.pid
-        hev = health_event_from_lane(rx.event, self._alias)
+        # the reporter, as the kernel names it (SO_PEERCRED): the health model wants two of
+        # them (or a kernel signal) before a lane signal takes a NIC down node-wide
+        hev = health_event_from_lane(
+            rx.event, self._alias, source=f"uid {rx.peer.uid} pid {rx.peer.pid}"
+        )
         if hev is not None:
             hev = self._burst.filter(hev, pid)
         self._book_lane(rx.event, pid)
@@ -363,18 +412,26 @@ class Agent:
             except Exception as e:  # a map update must not stop the loop
                 log.debug("TCP probe port map: %s", e)
 
+    def _status_doc(self) -> dict[str, Any]:
+        doc = self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock())
+        doc["export"] = [h.as_dict() for h in self.export_health]
+        doc["privileges"] = privileges()
+        return doc
+
     def _maybe_write_status(self, now: float) -> None:
+        seen = tuple((h.ok_batches, h.failed_batches) for h in self.export_health)
+        if seen != self._export_seen:
+            self._export_seen = seen
+            self._status_dirty = True
         if not self._status_dirty or now < self._status_next or self.control is None:
             return
         self._status_dirty = False
         self._status_next = now + self.config.status_interval_s
         try:
-            write_status(
-                self.control.run_dir / STATUS_FILE,
-                self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock()),
-            )
-        except OSError as e:
-            log.debug("status.json: %s", e)
+            self.control.write_file(STATUS_FILE, status_bytes(self._status_doc()))
+        except OSError as e:  # counted by the control plane (railhop_control_file_write_errors)
+            self.stats.status_write_errors += 1
+            log.warning("cannot write %s in %s: %s", STATUS_FILE, self.control.run_dir, e)
 
     def _usdt_lane_event(self, ev: PluginLaneEvent) -> None:
         """A plugin USDT probe: a lane event for traces and metrics (not for the health
@@ -434,12 +491,26 @@ class Agent:
     async def run(self) -> int:
         """Runs until a stop request, a signal or ``duration_s``; returns the exit status."""
         self._loop = asyncio.get_running_loop()
+        # first: a SIGTERM/SIGINT/SIGHUP during start-up must reach the clean-up below, not
+        # kill the process with the table still reading "alive"
+        installed = _install_signals(self._loop, self.request_stop, self.request_reload)
+        try:
+            return await self._run()
+        finally:
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        assert self._loop is not None
         self._load_initial_policy()
         self._setup_model()
+        cfg = self.config
         self.control = ControlPlane(
-            self.config.run_dir,
-            heartbeat_ms=self.config.heartbeat_ms,
-            owner_uid=self.config.owner_uid,
+            cfg.run_dir,
+            heartbeat_ms=cfg.heartbeat_ms,
+            owner_uid=cfg.owner_uid,
+            group_gid=cfg.socket_gid,
+            any_uid=cfg.socket_any_uid,
         )
         await self.control.start()
         try:
@@ -458,17 +529,37 @@ class Agent:
                     log.warning("cannot list this netns's NICs for USDT lane events: %s", e)
             self._usdt = UsdtLaneTranslator(nics)
             log.info("USDT lane events: plugin NIC order %s", ",".join(nics) or "unknown")
-        installed = _install_signals(self._loop, self.request_stop)
         pump = asyncio.create_task(self._pump_lane_events(), name="railhop-lane-events")
+        dropper: asyncio.Task[None] | None = None
         try:
             self._publish()
             await self._start_sources()
+            if cfg.drop_capabilities:
+                dropper = asyncio.create_task(self._drop_capabilities(), name="railhop-caps")
             await self._loop_until_stopped()
         finally:
-            for sig in installed:
-                self._loop.remove_signal_handler(sig)
-            await self._shutdown(pump)
+            if dropper is not None:
+                dropper.cancel()
+            await self._shutdown(pump)  # marks the table gone, whatever ended the loop
         return 0
+
+    async def _drop_capabilities(self) -> None:
+        """Once every source has started (probes attached or given up), the loop thread keeps
+        only what it still needs (:mod:`railhop.daemon.privileges`)."""
+        await self.sources.ready.wait()
+        keep = {"CAP_SYS_PTRACE"} if self.config.usdt_lib is not None else set()
+        try:
+            dropped = drop_capabilities(keep)
+        except OSError as e:
+            log.warning("cannot drop capabilities: %s", e)
+            return
+        if dropped:
+            log.info(
+                "probes attached: dropped %s; keeping %s",
+                " ".join(dropped),
+                " ".join(sorted(keep)) or "no capability",
+            )
+        self._status_dirty = True
 
     @property
     def sources_ready(self) -> asyncio.Event:
@@ -515,10 +606,13 @@ class Agent:
             timeout = max(0.0, min(wake) - now)
             get = asyncio.ensure_future(self._inbox.get())
             stop = asyncio.ensure_future(self._stop.wait())
+            hup = asyncio.ensure_future(self._wake.wait())
             done, _ = await asyncio.wait(
-                {get, stop}, timeout=timeout, return_when="FIRST_COMPLETED"
+                {get, stop, hup}, timeout=timeout, return_when="FIRST_COMPLETED"
             )
             stop.cancel()
+            hup.cancel()
+            self._wake.clear()
             if get in done:
                 self._handle(get.result())
                 while not self._inbox.empty():  # drain a burst before publishing once
@@ -531,7 +625,10 @@ class Agent:
                 self._transition(tr)
             if self.tracer is not None:
                 self.tracer.tick(self._clock())
-            if now >= next_reload:
+            if now >= next_reload or self._reload_now:
+                if self._reload_now:
+                    log.info("SIGHUP: reloading the policy")
+                self._reload_now = False
                 next_reload = now + self.config.reload_interval_s
                 self._maybe_reload_policy()
                 if self.metrics is not None:
@@ -553,6 +650,10 @@ class Agent:
             left = max(0.1, budget - (time.monotonic() - t0))
             tracer = self.tracer
             await asyncio.to_thread(tracer.shutdown, self._clock(), left)
+        if self._metrics_retry is not None:
+            self._metrics_retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._metrics_retry, 1.0)
         if self.metrics_server is not None:
             self.metrics_server.stop(1.0)
 
@@ -585,12 +686,14 @@ def _only(topo: Topology, wanted: set[str]) -> Topology:
 
 
 def _install_signals(
-    loop: asyncio.AbstractEventLoop, stop: Callable[[], None]
+    loop: asyncio.AbstractEventLoop, stop: Callable[[], None], reload: Callable[[], None]
 ) -> list[signal.Signals]:
+    """SIGTERM/SIGINT: stop cleanly; SIGHUP: reload the policy (an operator's habit; the
+    default action would kill the agent without clean-up)."""
     installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, reload)):
         try:
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, fn)
         except (NotImplementedError, RuntimeError, ValueError):
             continue  # not the main thread: the caller stops us with request_stop()
         installed.append(sig)

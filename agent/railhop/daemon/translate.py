@@ -107,10 +107,13 @@ def health_event_from_source(
             return None
 
 
-def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Event | None:
+def health_event_from_lane(
+    ev: LaneEvent, alias: Mapping[str, str], source: str = ""
+) -> health.Event | None:
     """A plugin's lane event as a health event: timeouts and transport errors are soft signals
-    on the lane's local NIC (the state machine decides when they mean DOWN); a lane coming up
-    or failing back on a NIC is a successful probe of it."""
+    on the lane's local NIC (the state machine decides when they mean DOWN, and needs them
+    corroborated by another ``source`` when they have one); a lane coming up or failing back
+    on a NIC is a successful probe of it. ``ev.t_ns`` is already clamped to the receive time."""
     nic = alias.get(ev.nic)
     if nic is None:
         return None
@@ -120,9 +123,11 @@ def health_event_from_lane(ev: LaneEvent, alias: Mapping[str, str]) -> health.Ev
         # end, and taking this NIC down would move its lanes to every other peer too
         return health.Suspicion(nic, t, detail=f"peer-reported lane timeout, pid {ev.pid}")
     if ev.type is EventType.LANE_TIMEOUT:
-        return health.LaneTimeout(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id}")
+        return health.LaneTimeout(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id}", source=source)
     if ev.type is EventType.LANE_ERROR:
-        return health.LaneError(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}")
+        return health.LaneError(
+            nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}", source=source
+        )
     if ev.type in (EventType.LANE_UP, EventType.FAILBACK):
         # a lane on this NIC completed its handshake / carries traffic again: the positive
         # evidence a NIC that went DOWN with its link up needs before it is offered again
