@@ -778,6 +778,9 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	}
 	qsort(list, n, sizeof(list[0]), cmp_sreq);
 	c->fo.replay_unsent = c->fo.replay_unacked = n;
+	if (n == 0) {
+		INFO("conn %016llx (send): nothing to replay", (unsigned long long)c->id);
+	}
 	for (int i = 0; i < n; i++) {
 		list[i]->replay_unsent = list[i]->replay_unacked = true;
 		list[i]->qnext = NULL;
