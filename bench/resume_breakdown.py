@@ -30,7 +30,8 @@ there) and, for the stall, the receiver's per-connection progress (every 20 ms):
 Printed: the median over the rounds of each mark (missing marks are counted, not guessed).
 
     sudo .venv/bin/python bench/resume_breakdown.py [--rounds 5] [--rates 1000] [--queues 5,50]
-         [--faults carrier,blackhole] [--agent alone,agent] [--full] [--json out.json]
+         [--faults carrier,blackhole] [--agent alone,agent] [--full] [--env NAME=VALUE]
+         [--json out.json]
 
 The default matrix (1 Gbit/s, 5 ms and 50 ms queues, both faults, with and without the agent,
 5 rounds: 40 rounds) takes ~10 minutes on a 2-core VM; ``--full`` adds 200 Mbit/s and
@@ -207,7 +208,9 @@ def agents_settled(agents: Agents, nic: str, timeout: float = 10.0) -> bool:
     return False
 
 
-def one_round(fab: Fabric, fault: str, workdir: Path, seed: int) -> dict[str, Any]:
+def one_round(
+    fab: Fabric, fault: str, workdir: Path, seed: int, extra_env: dict[str, str]
+) -> dict[str, Any]:
     cfg = HarnessConfig(
         conns=CONNS,
         sizes=(512 * KiB,),
@@ -217,7 +220,7 @@ def one_round(fab: Fabric, fault: str, workdir: Path, seed: int) -> dict[str, An
         interval_ms=20,
         seed=seed,
     )
-    env = {"RAILHOP_HARNESS_VERBOSE": "1"}
+    env = {"RAILHOP_HARNESS_VERBOSE": "1", **extra_env}
     with HarnessRun(fab, cfg, env=env, workdir=workdir) as run:
         wait_for_bytes(run, 8 * MiB, timeout=30)
         time.sleep(max(0.0, run.started_at + 1.0 + WARM_S - time.monotonic()))
@@ -279,6 +282,9 @@ def main() -> int:
     ap.add_argument("--faults", default="carrier,blackhole")
     ap.add_argument("--agent", default="alone,agent")
     ap.add_argument("--full", action="store_true", help="rates 200,1000,0")
+    ap.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for both plugins (repeatable)"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     _common.need_root("resume_breakdown")
@@ -287,8 +293,11 @@ def main() -> int:
     queues = [int(x) for x in args.queues.split(",")]
     faults = [f for f in args.faults.split(",") if f]
     modes = [m for m in args.agent.split(",") if m]
+    extra = dict(kv.split("=", 1) for kv in args.env)
     print(f"resume breakdown on {_common.machine()}, {_common.stamp()}")
     print(f"{CONNS} connections, 512 KiB messages, 8 in flight; fault on node 0 nic1; ms after it")
+    if extra:
+        print("plugin environment: " + " ".join(f"{k}={v}" for k, v in extra.items()))
     results: list[dict[str, Any]] = []
     lines = [header()]
     seed = 1
@@ -325,7 +334,7 @@ def main() -> int:
                                         agents.wait_ready()
                                     wd = fresh(tmp, served if mode == "agent" else None)
                                     seed += 1
-                                    rows.append(one_round(fab, fault, wd, seed))
+                                    rows.append(one_round(fab, fault, wd, seed, extra))
                                 s = summarize(rows)
                                 line = row(rate, queue, fault, mode, s)
                                 print(line, flush=True)

@@ -158,7 +158,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 	int ne = rh_health_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
 
 	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
-	 * 1..4 (4 = half a primary lane's streams): the largest share maps to 4, the others in
+	 * 1..4 (4 = RAILHOP_BACKUP_STREAMS streams): the largest share maps to 4, the others in
 	 * proportion, a zero share (a fallback) to 1. */
 	for (int i = 0; i < ne; i++) {
 		wmax = e[i].weight > wmax ? e[i].weight : wmax;
@@ -297,7 +297,7 @@ static void open_backups(struct rh_conn *c)
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		int ns = (int)rh_param.STREAMS_PER_LANE * p[i].weight / 8;
+		int ns = (int)rh_param.BACKUP_STREAMS * p[i].weight / 4;
 		struct rh_lane *l;
 
 		if (ns < 1) {
