@@ -293,25 +293,7 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------
-# demo, status, sources
-
-
-@cli.command("demo")
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("railhop-demo"),
-    show_default=True,
-    help="Where results.json, timeline.png and the traces are written.",
-)
-@click.option("--rate-mbit", type=click.IntRange(10, 100000), default=200, show_default=True)
-@click.option("--quick", is_flag=True, help="Shorter phases (a smoke run).")
-def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool) -> None:
-    """Failover demo on an emulated 2-node, 4-NIC fabric (needs root)."""
-    from railhop.demo import run_demo
-
-    raise SystemExit(run_demo(out_dir, rate_mbit=rate_mbit, quick=quick))
+# status, agent, sources; commands of other packages (the lab's `railhop demo`)
 
 
 @cli.command("status")
@@ -475,7 +457,52 @@ def _register_sources() -> None:
     cli.add_command(sources_cmd)
 
 
+COMMANDS_GROUP = "railhop.commands"  # entry points: commands other packages add to `railhop`
+LAB_COMMANDS = {"demo": "Failover demo on an emulated fabric (needs the railhop lab)."}
+
+
+def _missing_lab_command(name: str, doc: str) -> click.Command:
+    """Stands for a lab command when the lab is not installed: says how to get it (exit 2)."""
+
+    @click.command(
+        name,
+        help=doc,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def cmd() -> None:
+        raise DomainError(
+            f"`railhop {name}` is part of the railhop lab (package railhop-lab), which is not "
+            "installed in this environment. From a railhop source tree: `make setup` installs "
+            "it, or `pip install ./lab` into the environment that has railhop. Nodes do not "
+            "need it: the agent runs without it."
+        )
+
+    return cmd
+
+
+def _register_commands() -> None:
+    """Commands that other installed packages register in the ``railhop.commands`` entry-point
+    group; the lab's commands are stood in for when the lab is missing. A command that fails to
+    load is left out with a warning (the agent's own commands always work)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=COMMANDS_GROUP):
+        if ep.name in cli.commands:
+            continue
+        try:
+            cmd = ep.load()
+        except Exception as e:
+            click.echo(f"warning: command {ep.name!r} ({ep.value}) failed to load: {e}", err=True)
+            continue
+        if isinstance(cmd, click.Command):
+            cli.add_command(cmd, ep.name)
+    for name, doc in LAB_COMMANDS.items():
+        if name not in cli.commands:
+            cli.add_command(_missing_lab_command(name, doc))
+
+
 _register_sources()
+_register_commands()
 
 
 def main() -> None:

@@ -12,30 +12,17 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "../log.h"
 #include "../param.h"
 #include "../probes.h"
-#include "../rh.h"
+#include "health.h"
 #include "conn.h"
 #include "rank.h"
 #include "sched.h"
 
 #define RH_STABLE_MS 10000 /* a primary up this long resets the fail-back backoff */
-
-static uint64_t cookie_new(void)
-{
-	uint64_t v = 0;
-
-	while (!v) {
-		if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) {
-			v = rh_now_ns();
-		}
-	}
-	return v;
-}
 
 static bool nic_up(int i)
 {
@@ -163,7 +150,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 {
 	struct rh_plan_entry e[16];
 	uint64_t now = rh_now_ms();
-	int ne = rh_ctl_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
+	int ne = rh_health_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
 
 	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
 	 * 1..4 (4 = half a primary lane's streams): the largest share maps to 4, the others in
@@ -762,7 +749,7 @@ void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why)
 	l->state = RH_LANE_SUSPECT;
 	l->t_suspect_ms = rh_now_ms();
 	l->suspect_mark = l->ops->progress ? l->ops->progress(l) : 0;
-	l->probe_cookie = cookie_new();
+	l->probe_cookie = rh_random_id();
 	RH_PROBE3(lane_suspect, c->id, l->id, l->lnic);
 	if (l->ops->probe(c, l->lnic, c->rnics[l->rnic].ipv4, c->rnics[l->rnic].port,
 			  l->probe_cookie, (int)rh_param.PROBE_TIMEOUT) < 0) {
@@ -814,7 +801,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			/* While the agent suspects the NIC (its suspicion may have come, and been
 			 * answered, before this lane's trouble began), a lane that has moved nothing
 			 * for 100 ms and whose transport says the path is lost fails at once. */
-			if (l->ops->lost && l->tp && rh_ctl_nic_suspect(l->lnic) &&
+			if (l->ops->lost && l->tp && rh_health_nic_suspect(l->lnic) &&
 			    now >= l->t_progress_ms + 100 &&
 			    l->ops->lost(l, now - l->t_progress_ms)) {
 				rh_fo_lane_failed(c, l, -ETIMEDOUT,
@@ -872,7 +859,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 	}
 	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
 	    now >= c->fo.t_next_failback_ms && nic_up(c->lnic_orig) && !primary_alive(c)) {
-		c->fo.failback_cookie = cookie_new();
+		c->fo.failback_cookie = rh_random_id();
 		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
 				    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
 				    (int)rh_param.PROBE_TIMEOUT) < 0) {
