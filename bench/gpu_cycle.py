@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -52,6 +53,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _common  # noqa: E402
+import _gpu  # noqa: E402
 
 MiB = 1 << 20
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
@@ -643,9 +645,11 @@ class Cycle:
     def start(self) -> None:
         a = self.args
         transport = "socket" if self.variant == "socket" else "railhop"
-        run_dirs: list[Path | None] = [self.d / f"run-node{r}" for r in range(NRANKS)]
+        run_dirs = [self.d / f"run-node{r}" for r in range(NRANKS)]
         if self.variant == "agent":
-            self.agents = _common.NodeAgents(self.fab, self.d / "agents", sources=a.agent_sources)
+            self.agents = _gpu.NodeAgents(
+                self.fab, self.d / "agents", _common.REPO / "agent", sources=a.agent_sources
+            )
             self.rep["agent_ready_s"] = self.agents.wait_ready(a.agent_ready_s)
             run_dirs = list(self.agents.run_dirs)
         cfg = {
@@ -659,32 +663,26 @@ class Cycle:
             "uid_wait_s": a.init_bound + 30,
             "phase_limit_s": a.phase_limit,
             "only_p1": self.variant == "socket",
+            "fake": a.fake,
         }
-        argvs, envs = [], []
-        me = str(Path(__file__).resolve())
-        for r in range(NRANKS):
-            flag = "--fake-worker" if a.fake else "--worker"
-            argvs.append([sys.executable, me, flag, json.dumps({**cfg, "rank": r})])
-            envs.append(
-                _common.nccl_env(
-                    r,
-                    transport,
-                    plugin=a.plugin or ("/nonexistent/fake" if a.fake else None),
-                    run_dir=run_dirs[r],
-                    hostid="railhop-cycle-node",
-                    gpu=a.gpus.split(",")[r % len(a.gpus.split(","))],
-                    nccl_debug=a.nccl_debug,
-                    extra=a.env,
-                )
-            )
-        for r, env in enumerate(envs):
-            env["NCCL_DEBUG_FILE"] = str(self.d / f"nccl.rank{r}.log")  # NCCL logs to stdout
-            if transport == "railhop" and a.plugin_pin:
-                # NCCL unloads an external net plugin when the process's last communicator
-                # goes and cannot load it again ("Failed to initialize any NET plugin")
-                env["NCCL_NET_PLUGIN_REF_COUNT"] = "1"
-        logs = [self.d / f"rank{r}.log" for r in range(NRANKS)]
-        self.ranks = _common.RankProcs(self.fab, argvs, envs, logs)
+        railhop = {"RAILHOP_NICS": ",".join(f"{n}:{i}" for i, n in enumerate(_gpu.NICS))}
+        if a.plugin_pin:
+            # NCCL unloads an external net plugin when the process's last communicator goes
+            # and cannot load it again ("Failed to initialize any NET plugin")
+            railhop["NCCL_NET_PLUGIN_REF_COUNT"] = "1"
+        envs = _gpu.rank_envs(
+            a,
+            transport,
+            self.d,
+            hostid="railhop-cycle-node",
+            common={"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"},
+            railhop=railhop,
+            nranks=NRANKS,
+            run_dirs=run_dirs,
+        )
+        for r, env in enumerate(envs):  # NCCL logs to stdout, which carries the JSON lines
+            env["NCCL_DEBUG_FILE"] = str(self.d / f"nccl.rank{r}.log")
+        self.ranks = _gpu.Ranks(self.fab, Path(__file__).resolve(), envs, cfg, self.d, "cycle")
 
     def all_have(self, kinds: tuple[str, ...], ranks: range | list[int] = range(NRANKS)) -> bool:
         return all(self.ranks.first(kinds, r) for r in ranks)
@@ -868,14 +866,19 @@ class Cycle:
                 ("healed", p1.get("t_heal", 1e18), 1e18),
             ]
             p1["windows"] = []
+            s1 = sorted(s1)
             for label, w0, w1 in windows:
                 dts = [dt for t, dt, _ in s1 if w0 <= t < w1]
+                # the longest time between two completed steps (the agreement all-reduce
+                # between rounds is in it, not in a step's own time)
+                gaps = [b[0] - a[0] for a, b in itertools.pairwise(s1) if w0 <= b[0] < w1]
                 p1["windows"].append(
                     {
                         "window": label,
                         "steps": len(dts),
                         "median_step_s": statistics.median(dts) if dts else None,
                         "max_step_s": max(dts) if dts else None,
+                        "max_gap_s": max(gaps) if gaps else None,
                     }
                 )
         if "2" in ph:
@@ -1010,7 +1013,8 @@ def summarize(results: dict[str, Any]) -> tuple[list[str], bool]:
         for w in p1.get("windows", []):
             lines.append(
                 f"{head} phase 1 {w['window']:<22} steps {w['steps']:>5}  median "
-                f"{fmt(w['median_step_s'], '.4f')} s  max {fmt(w['max_step_s'], '.3f')} s"
+                f"{fmt(w['median_step_s'], '.4f')} s  max {fmt(w['max_step_s'], '.3f')} s  "
+                f"longest gap {fmt(w.get('max_gap_s'), '.3f')} s"
             )
         p2 = ph.get("2", {})
         if p2:
@@ -1084,7 +1088,8 @@ def summarize(results: dict[str, Any]) -> tuple[list[str], bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--plugin", help="absolute path of libnccl-net-railhop.so")
+    _gpu.add_rank_options(ap)
+    ap.set_defaults(gpus="0")  # rank r on --gpus[r % len]: one GPU can hold all four
     ap.add_argument("--variants", default="railhop,controller,agent,socket")
     ap.add_argument("--repeat", type=int, default=1, help="run the variants this many times")
     ap.add_argument(
@@ -1093,12 +1098,10 @@ def main() -> int:
         default="revoke",
         help="revoke + NCCL_SHRINK_DEFAULT, or no revoke + NCCL_SHRINK_ABORT",
     )
-    ap.add_argument("--size", type=int, default=2 * MiB, help="bytes per buffer")
+    ap.add_argument("--size", type=_gpu.parse_size, default=2 * MiB, help="buffer per op")
     ap.add_argument("--round", type=int, default=8, help="checked steps between stop checks")
     ap.add_argument("--healthy", type=float, default=1.5)
-    ap.add_argument(
-        "--gap", type=float, default=1.5, help="carrier loss alone before the blackhole"
-    )
+    ap.add_argument("--gap", type=float, default=1.5, help="carrier loss alone (s)")
     ap.add_argument("--fault-hold", type=float, default=3.0, help="both faults held together")
     ap.add_argument("--after-heal", type=float, default=1.5)
     ap.add_argument("--shrunk-hold", type=float, default=3.0, help="3-rank steps, node 3 down")
@@ -1124,40 +1127,31 @@ def main() -> int:
     ap.add_argument("--socket-runs", type=int, default=1, help="socket variant in the first N runs")
     ap.add_argument("--agent-sources", default="netlink,sysfs")
     ap.add_argument("--agent-ready-s", type=float, default=60.0)
-    ap.add_argument("--gpus", default="0", help="GPU of rank r: list[r %% len]")
-    ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--nccl-debug", default="WARN")
-    ap.add_argument("--env", action="append", default=[], help="extra K=V for every rank")
     ap.add_argument("--out-dir", help="JSON, logs, traces (default $OUT)")
     ap.add_argument("--fake", action="store_true", help="CPU stand-in ranks (no GPU, no NCCL)")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--fake-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker_main(json.loads(args.worker))
-    if args.fake_worker:
-        return fake_main(json.loads(args.fake_worker))
+        cfg = json.loads(args.worker)
+        return fake_main(cfg) if cfg.get("fake") else worker_main(cfg)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.fake and not args.plugin:
+        args.plugin = "/nonexistent/fake-plugin.so"  # only written into the ranks' environment
     need_plugin = any(v != "socket" for v in variants) and not args.fake
     if need_plugin and (not args.plugin or not Path(args.plugin).is_file()):
         ap.error("--plugin /abs/path/libnccl-net-railhop.so is required (an existing file)")
-    if os.geteuid() != 0:
-        print("needs root: it creates network namespaces, veth pairs and a bridge", file=sys.stderr)
+    if (why := _gpu.root_problem()) is not None:
+        print(why, file=sys.stderr)
         return 2
     out_dir = Path(args.out_dir or os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu-cycle-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    Fabric, unique_prefix = _common.import_fabric()
+    _common.setup_import_path()
+    from railhop_lab.fabric import Fabric, unique_prefix
+
     tv = "fake"
     if not args.fake:
-        try:
-            import torch
-
-            tv = torch.__version__
-            if torch.cuda.device_count() < 1:
-                print("needs a GPU", file=sys.stderr)
-                return 2
-        except Exception as e:
-            print(f"torch with CUDA is needed: {e}", file=sys.stderr)
+        tv, why = _gpu.torch_problem(gpus=1)
+        if why is not None:
+            print(why, file=sys.stderr)
             return 2
     print(
         f"railhop 4-rank fault-tolerance cycle | {_common.stamp()} | {_common.machine()} "
