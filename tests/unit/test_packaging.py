@@ -49,6 +49,8 @@ def test_the_built_agent_wheel_holds_no_lab_code(tmp_path: Path) -> None:
     assert "railhop/daemon/loop.py" in py and "railhop/cli.py" in py
     assert not [n for n in names if n.startswith("railhop_lab")]
     assert not [n for n in py if Path(n).stem in LAB_MODULES], sorted(py)
+    assert "railhop/data/bpf/carrier.bpf.c" in names
+    assert not [n for n in names if n.endswith("blackhole.bpf.c")]  # a test helper
 
 
 def test_no_lab_module_in_the_agent_package() -> None:

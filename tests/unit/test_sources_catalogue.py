@@ -60,6 +60,9 @@ def test_the_agent_builds_its_groups_for_its_nics() -> None:
     # no counter thresholds in the policy: no sysfs source; --sources picks groups
     cfg = AgentConfig(sys_root=DGX, sources=("netlink", "sysfs"))
     assert [s.name for s in default_sources(cfg, topo, default_policy())] == ["netlink"]
+    # the report's other groups are not the agent's to start, nor is USDT without a library
+    cfg = AgentConfig(sys_root=DGX, sources=("netlink", "rdma", "verbs", "usdt"))
+    assert [s.name for s in default_sources(cfg, topo, default_policy())] == ["netlink"]
 
 
 def test_an_entry_that_cannot_be_built_is_logged_and_left_out(

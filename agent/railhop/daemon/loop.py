@@ -71,13 +71,17 @@ def _read_topology(root: Path, nics: Sequence[str]) -> Topology:
     return read_topology(root, netdevs=nics)
 
 
+AGENT_GROUPS = frozenset({"netlink", "sysfs", "ebpf"})  # what ``--sources`` may name
+
+
 def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list[Source]:
     """The catalogue's sources (:mod:`railhop.sources.catalogue`) of the groups
     ``config.sources`` names, for the managed netdevs: netlink link events, sysfs counters (when
     the policy sets thresholds), the eBPF carrier and TCP-lane probes (kept to this agent's
     netns: kernel hooks see every netns), and the plugin's USDT probes when ``usdt_lib`` is
-    set. A source whose module cannot be imported is logged and left out."""
-    groups = set(config.sources)
+    set. A source whose module cannot be imported is logged and left out. The RDMA/driver and
+    verbs groups are in the capability report only: the agent does not start them."""
+    groups = set(config.sources) & AGENT_GROUPS
     if not policy.health.counters:
         groups.discard("sysfs")
     if config.usdt_lib is not None:
