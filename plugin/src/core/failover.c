@@ -339,7 +339,9 @@ static void send_notify(struct rh_conn *c)
 		c->fo.t_last_failreq_ms = rh_now_ms();
 		c->fo.failreq_out = true;
 	} else {
-		c->epoch++;
+		if (rh_fo_epoch_bump(c) < 0) {
+			return;
+		}
 		rh_conn_queue_resume(c, false);
 		c->fo.active = false;
 		RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
@@ -571,10 +573,9 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_fo_epoch_take(c, h->epoch) || rh_fo_epoch_bump(c) < 0) {
+		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
 	}
-	c->epoch++;
 	rh_conn_queue_resume(c, true);
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
@@ -641,8 +642,9 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_fo_epoch_take(c, h->epoch)) {
+		free(r);
+		return;
 	}
 	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
 		/* The receiver moved on its own while our FAILREQ was on its way; it will answer
@@ -880,4 +882,25 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
 		}
 	}
+}
+
+bool rh_fo_epoch_take(struct rh_conn *c, uint32_t e)
+{
+	if (!rh_epoch_ok(c->epoch, e)) {
+		return false;
+	}
+	if (e > c->epoch) {
+		c->epoch = e;
+	}
+	return true;
+}
+
+int rh_fo_epoch_bump(struct rh_conn *c)
+{
+	if (c->epoch + 1 >= RH_EPOCH_LIMIT) {
+		rh_conn_fail(c, -EOVERFLOW, "epoch space exhausted");
+		return -EOVERFLOW;
+	}
+	c->epoch++;
+	return 0;
 }
