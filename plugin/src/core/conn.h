@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Connection state shared by the core modules (plugin.c: setup; conn.c: data path;
- * failover.c: failure handling). A connection is one NCCL send or recv comm; its lanes carry
+ * failover.c: failure handling; health.c: NIC health and the ticker). Private to core/: the
+ * lanes see a connection only through lanes/lane_ops.h. A connection is one NCCL send or recv
+ * comm; its lanes carry
  * frames (core/wire.h); all fields below are protected by mu unless noted.
  */
 #ifndef RH_CONN_H
 #define RH_CONN_H
+
+#ifdef RH_LANE_BUILD
+#error "core/conn.h is private to core/: a lane uses the core through lanes/lane_ops.h"
+#endif
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,7 +23,6 @@
 #include "match.h"
 #include "wire.h"
 
-#define RH_MAX_LANES 32
 #define RH_MAX_RECV_OUT 32 /* NCCL_NET_MAX_REQUESTS */
 
 enum rh_req_kind { RH_REQ_SEND = 0x5e, RH_REQ_RECV = 0x7e };
@@ -173,12 +178,10 @@ struct rh_global {
 
 extern struct rh_global rh_g;
 
-uint64_t rh_now_ms(void);
-uint64_t rh_now_ns(void);
-
-/* conn.c (locked = caller holds c->mu) */
+/* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lanes/lane_ops.h) */
 struct rh_conn *rh_conn_new(bool is_send);
 void rh_conn_get(struct rh_conn *c);
+void rh_rreq_free_bits(struct rh_rreq *q);
 struct rh_lane *rh_conn_add_lane(struct rh_conn *c, uint32_t id, int lnic, int rnic, int nstreams,
 				 bool opener); /* locked */
 int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeout_ms); /* locked */
@@ -187,20 +190,30 @@ void rh_conn_kick_data(struct rh_conn *c); /* locked */
 void rh_conn_pick_ctrl_lane(struct rh_conn *c); /* locked */
 int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 		       size_t len); /* locked */
-int rh_conn_queue_resume(struct rh_conn *c, bool answer);
-int rh_conn_queue_bye(struct rh_conn *c); /* locked */
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
-bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
-int rh_conn_start_connect(struct rh_conn *c); /* locked */
-/* plugin.c: fill the nonce and MAC of the hello that opens lane l. */
-int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h); /* locked */
-
-/* failover.c */
-/* Report a lane event to the agent (l may be NULL: the connection's original pair). */
+/* Report a lane event to the control plane (l may be NULL: the connection's original pair). */
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
+
+/* data.c */
+int rh_conn_queue_resume(struct rh_conn *c, bool answer);
+int rh_conn_queue_bye(struct rh_conn *c); /* locked */
+bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
+
+/* plugin.c */
+int rh_conn_start_connect(struct rh_conn *c); /* locked */
+/* Fill the nonce and MAC of the hello that opens lane l. */
+int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h); /* locked */
+/* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
+ * each connection's lock in turn; the caller drops each reference. */
+#define RH_SNAPSHOT_MAX 1024
+int rh_registry_snapshot(struct rh_conn **list);
+/* The ticker's pass: failure detection on every connection, closed ones dropped. */
+void rh_registry_tick(uint64_t now_ms);
+
+/* failover.c */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
@@ -211,11 +224,21 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
-void rh_fo_start_ticker(void);
 /* Take a peer's epoch e (a hello, FAILREQ, RESUME): false when it is out of bounds
  * (rh_epoch_ok), which the caller treats as a protocol error of the lane it came on. */
 bool rh_fo_epoch_take(struct rh_conn *c, uint32_t e); /* locked */
 /* Start a new epoch; fails the connection when the epoch space is exhausted. */
 int rh_fo_epoch_bump(struct rh_conn *c); /* locked */
+
+/* health.c (core/health.h is the public half) */
+struct rh_lane_info;
+struct rh_plan_entry;
+void rh_health_poll_carrier(void);
+void rh_health_start_ticker(void);
+/* The registered control plane's hooks; standalone (no hooks): no-op, 0, false. */
+void rh_health_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
+			  int err, uint64_t duration_ns, const struct rh_lane_info *info);
+int rh_health_plan_for(int lnic, struct rh_plan_entry *out, int max);
+bool rh_health_nic_suspect(int nic);
 
 #endif

@@ -18,54 +18,11 @@
 #include "../rh.h"
 #include "auth.h"
 #include "conn.h"
+#include "health.h"
 #include "sched.h"
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static void poll_carrier(void);
 static int init_rc = -EAGAIN;
-
-/* Transport choice: one function that logs why. RAILHOP_TRANSPORT=tcp|ofi forces one; auto
- * takes libfabric only where an RDMA-class provider is found. NULL: the forced one is not
- * available (a clear error at init, never a silent fallback). */
-static const struct lane_ops *choose_transport(void)
-{
-	const char *t = rh_param.TRANSPORT;
-
-	if (!strcmp(t, "tcp")) {
-		INFO("transport tcp (RAILHOP_TRANSPORT=tcp)");
-		return &rh_tcp_ops;
-	}
-	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
-		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
-		return NULL;
-	}
-#ifdef RH_HAVE_OFI
-	if (!strcmp(t, "ofi")) {
-		INFO("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
-		     "FI_PROVIDER narrows it)");
-		return &rh_ofi_ops;
-	}
-	{
-		char prov[64];
-
-		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
-			INFO("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
-			     prov);
-			return &rh_ofi_ops;
-		}
-	}
-	INFO("transport tcp (no RDMA-class libfabric provider found)");
-	return &rh_tcp_ops;
-#else
-	if (!strcmp(t, "ofi")) {
-		WARN("RAILHOP_TRANSPORT=ofi, but this plugin was built without libfabric "
-		     "(install libfabric-dev and rebuild)");
-		return NULL;
-	}
-	INFO("transport tcp (built without libfabric)");
-	return &rh_tcp_ops;
-#endif
-}
 
 static void init_once_fn(void)
 {
@@ -82,8 +39,8 @@ static void init_once_fn(void)
 		return;
 	}
 	rh_g.nnics = rc;
-	poll_carrier(); /* a NIC already down at start is never advertised or used */
-	rh_g.ops = choose_transport();
+	rh_health_poll_carrier(); /* a NIC already down at start is never advertised or used */
+	rh_g.ops = rh_lanes_choose();
 	if (!rh_g.ops) {
 		init_rc = -EPROTONOSUPPORT;
 		return;
@@ -101,7 +58,7 @@ static void init_once_fn(void)
 			return;
 		}
 	}
-	rh_fo_start_ticker();
+	rh_health_start_ticker();
 	init_rc = 0;
 }
 
@@ -116,11 +73,6 @@ int rh_devices(int *ndev)
 {
 	*ndev = rh_g.nnics;
 	return 0;
-}
-
-int rh_nic_count(void)
-{
-	return rh_g.nnics;
 }
 
 int rh_get_props(int dev, struct rh_props *p)
@@ -207,10 +159,7 @@ static void registry_del(struct rh_conn *c)
 	}
 }
 
-/* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
- * each connection's lock in turn; the caller drops each reference. */
-#define RH_SNAPSHOT_MAX 1024
-static int registry_snapshot(struct rh_conn **list)
+int rh_registry_snapshot(struct rh_conn **list)
 {
 	int n = 0;
 
@@ -876,180 +825,44 @@ void rh_core_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* --- health and the ticker --- */
+/* --- the ticker's sweep over the connections (core/health.c runs it every 20 ms) --- */
 
-static uint32_t down_mask[RH_MAX_NICS]; /* sources holding each NIC down (ticker/API) */
-static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
-
-void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
+void rh_registry_tick(uint64_t now)
 {
 	struct rh_conn *list[RH_SNAPSHOT_MAX];
-	int n;
-	bool now_up;
+	int n = rh_registry_snapshot(list);
 
-	if (nic < 0 || nic >= rh_g.nnics) {
-		return;
-	}
-	pthread_mutex_lock(&health_mu);
-	if (up) {
-		down_mask[nic] &= ~(uint32_t)src;
-	} else {
-		down_mask[nic] |= (uint32_t)src;
-	}
-	now_up = down_mask[nic] == 0;
-	pthread_mutex_unlock(&health_mu);
-	if (__atomic_exchange_n(&rh_g.nics[nic].up, now_up, __ATOMIC_ACQ_REL) == now_up) {
-		return;
-	}
-	WARN("NIC %s marked %s (%s)", rh_g.nics[nic].ifname, now_up ? "up" : "down",
-	     src == RH_HEALTH_CARRIER ? "carrier" :
-	     src == RH_HEALTH_AGENT   ? "agent" :
-					"api");
-	if (now_up) {
-		return;
-	}
-	n = registry_snapshot(list);
 	for (int i = 0; i < n; i++) {
 		struct rh_conn *c = list[i];
+		bool drop = false;
 
+		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
-		for (int k = 0; k < c->nlanes; k++) {
-			struct rh_lane *l = c->lanes[k];
-
-			if (l->lnic == nic && l->state != RH_LANE_DEAD) {
-				rh_fo_lane_failed(c, l, -ENETDOWN, "local NIC down");
+		if (atomic_load(&c->closed)) {
+			if (c->registered &&
+			    (c->ctrl_len == 0 || now >= c->fo.t_close_ms || !c->ctrl_lane)) {
+				/* BYE flushed (or deadline): fence and drop the close ref. */
+				for (int k = 0; k < c->nlanes; k++) {
+					rh_conn_fence_lane(c, c->lanes[k]);
+				}
+				registry_del(c);
+				drop = true;
+			}
+		} else {
+			rh_fo_tick(c, now);
+			if (c->err && !c->is_send && c->registered && !c->accepted &&
+			    (!c->ready || !c->listen)) {
+				/* half-open incoming connection, or one its listener will never
+				 * hand out */
+				registry_del(c);
+				drop = true;
 			}
 		}
 		pthread_mutex_unlock(&c->mu);
-		rh_core_conn_put(c);
-	}
-}
-
-void rh_nic_suspect(int nic)
-{
-	struct rh_conn *list[RH_SNAPSHOT_MAX];
-	int n;
-
-	if (nic < 0 || nic >= rh_g.nnics) {
-		return;
-	}
-	n = registry_snapshot(list);
-	for (int i = 0; i < n; i++) {
-		struct rh_conn *c = list[i];
-
-		pthread_mutex_lock(&c->mu);
-		for (int k = 0; k < c->nlanes && !c->err; k++) {
-			struct rh_lane *l = c->lanes[k];
-
-			if (l->lnic == nic) {
-				rh_fo_confirm(c, l, "probe failed (NIC suspect)");
-			}
-		}
-		pthread_mutex_unlock(&c->mu);
-		rh_core_conn_put(c);
-	}
-}
-
-void rh_nic_set_health(int nic, bool up)
-{
-	rh_nic_set_health_from(nic, RH_HEALTH_API, up);
-}
-
-const char *rh_nic_name(int nic)
-{
-	return nic >= 0 && nic < rh_g.nnics ? rh_g.nics[nic].ifname : "";
-}
-
-const char *rh_run_dir(void)
-{
-	return rh_param.RUN_DIR;
-}
-
-/* The agent control plane (agent.c + ctl.c) is polled from the ticker every 20 ms. */
-
-static void poll_carrier(void)
-{
-	static bool down_by_carrier[RH_MAX_NICS];
-
-	for (int i = 0; i < rh_g.nnics; i++) {
-		int c = rh_nic_read_carrier(rh_param.SYSFS_ROOT, rh_g.nics[i].ifname);
-
-		if (c == 0 && !down_by_carrier[i]) {
-			down_by_carrier[i] = true;
-			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, false);
-		} else if (c == 1 && down_by_carrier[i]) {
-			down_by_carrier[i] = false;
-			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, true);
-		}
-	}
-}
-
-static void *ticker(void *arg)
-{
-	uint64_t last_carrier = 0;
-
-	(void)arg;
-	for (;;) {
-		struct timespec ts = { 0, 20 * 1000 * 1000 };
-		struct rh_conn *list[RH_SNAPSHOT_MAX];
-		int n;
-		uint64_t now;
-
-		nanosleep(&ts, NULL);
-		now = rh_now_ms();
-		if (rh_param.CARRIER_POLL > 0 &&
-		    now - last_carrier >= (uint64_t)rh_param.CARRIER_POLL) {
-			last_carrier = now;
-			poll_carrier();
-		}
-		rh_ctl_poll(now);
-		n = registry_snapshot(list);
-		for (int i = 0; i < n; i++) {
-			struct rh_conn *c = list[i];
-			bool drop = false;
-
-			pthread_mutex_lock(&rh_g.mu);
-			pthread_mutex_lock(&c->mu);
-			if (atomic_load(&c->closed)) {
-				if (c->registered && (c->ctrl_len == 0 || now >= c->fo.t_close_ms ||
-						      !c->ctrl_lane)) {
-					/* BYE flushed (or deadline): fence and drop the close ref. */
-					for (int k = 0; k < c->nlanes; k++) {
-						rh_conn_fence_lane(c, c->lanes[k]);
-					}
-					registry_del(c);
-					drop = true;
-				}
-			} else {
-				rh_fo_tick(c, now);
-				if (c->err && !c->is_send && c->registered && !c->accepted &&
-				    (!c->ready || !c->listen)) {
-					/* half-open incoming connection, or one its listener
-					 * will never hand out */
-					registry_del(c);
-					drop = true;
-				}
-			}
-			pthread_mutex_unlock(&c->mu);
-			pthread_mutex_unlock(&rh_g.mu);
-			if (drop) {
-				rh_core_conn_put(c);
-			}
+		pthread_mutex_unlock(&rh_g.mu);
+		if (drop) {
 			rh_core_conn_put(c);
 		}
+		rh_core_conn_put(c);
 	}
-	return NULL;
-}
-
-void rh_fo_start_ticker(void)
-{
-	pthread_t t;
-	pthread_attr_t a;
-
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &a, ticker, NULL) == 0) {
-		pthread_setname_np(t, "railhop-tick");
-	}
-	pthread_attr_destroy(&a);
 }
