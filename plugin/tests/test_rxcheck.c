@@ -217,5 +217,36 @@ int main(void)
 		EXPECT_EQ(c->err, -EOVERFLOW);
 		pthread_mutex_unlock(&c->mu);
 	}
+	/* the sender's side of RAILHOP_CHECKSUM: each DATA frame carries the chunk's CRC32C */
+	{
+		struct rh_conn *sc = rh_conn_new(true);
+		struct rh_cts cts = { .seq = 0, .n = 1, .tags = { 7 }, .sizes = { SIZE } };
+		uint8_t p[64], ctrl[256];
+		struct rh_tx tx = { 0 };
+		struct rh_lane *l;
+		void *sreq = NULL;
+		struct rh_hdr g;
+
+		sc->id = 99;
+		sc->ready = true;
+		pthread_mutex_lock(&sc->mu);
+		l = rh_conn_add_lane(sc, 0, 1, 1, 1, true);
+		l->state = RH_LANE_ACTIVE;
+		pthread_mutex_unlock(&sc->mu);
+		h = (struct rh_hdr){ .type = RH_F_CTS, .conn_id = 99, .epoch = 1, .aux = 1 };
+		h.len = (uint32_t)rh_cts_put(&cts, p, sizeof(p));
+		rh_core_rx_ctrl(l, &h, p);
+		EXPECT_EQ(rh_isend(sc, src, SIZE, 7, &sreq), 0);
+		EXPECT(sreq != NULL);
+		rh_param.CHECKSUM = 1;
+		EXPECT_EQ(rh_core_next_tx(l, 1, ctrl, sizeof(ctrl), &tx), 1);
+		EXPECT_EQ(rh_hdr_get(tx.hdr, &g), 0);
+		EXPECT(g.flags & RH_FLAG_CRC);
+		EXPECT_EQ(g.aux, rh_crc32c(0, tx.payload, tx.len));
+		rh_param.CHECKSUM = 0;
+		EXPECT_EQ(rh_core_next_tx(l, 1, ctrl, sizeof(ctrl), &tx), 1);
+		EXPECT_EQ(rh_hdr_get(tx.hdr, &g), 0);
+		EXPECT(!(g.flags & RH_FLAG_CRC));
+	}
 	TEST_DONE();
 }

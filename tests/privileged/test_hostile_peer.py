@@ -512,6 +512,8 @@ def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> No
         listeners = {p for _, p in t.handle.nics} | set(t.send_ports.values())
         flows = [bytes(b) for (_, _, _, dport), b in cap.flows.items() if dport in listeners]
         assert flows, f"no lane bytes captured: {list(cap.flows)[:8]}"
+        lanes_up = re.compile(r"\((?:recv|send)\): lane \d+ up")
+        nlanes0 = len(lanes_up.findall(_log(run, "recv") + _log(run, "send")))
         fds0 = open_fds(t.recv_pid)
         cpu0, wall0 = cpu_s(t.recv_pid), time.monotonic()
         time.sleep(1.0)
@@ -553,5 +555,7 @@ def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> No
         logs = close(run)
     assert_clean(res, logs)
     assert_moving_after(res, t_attack + 2.0, "the replay")
+    # no replayed hello opened a lane (no fault here: the lanes up before are all there are)
+    assert len(lanes_up.findall(logs["recv"] + logs["send"])) == nlanes0, logs["recv"][-3000:]
     # bounded: at most half a core more than before (a spinning listener takes a whole one)
     assert held_rate < base_rate + 0.5, f"receiver CPU {held_rate:.2f} vs {base_rate:.2f} cores"

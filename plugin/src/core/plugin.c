@@ -58,6 +58,10 @@ static void init_once_fn(void)
 			return;
 		}
 	}
+	if (rh_param.CHECKSUM) {
+		INFO("RAILHOP_CHECKSUM=1: a CRC32C (%s) of every DATA chunk sent on TCP lanes",
+		     rh_crc32c_impl());
+	}
 	rh_health_start_ticker();
 	init_rc = 0;
 }
