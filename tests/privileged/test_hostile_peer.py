@@ -510,7 +510,11 @@ def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> No
     try:
         t = discover(fab, run)
         listeners = {p for _, p in t.handle.nics} | set(t.send_ports.values())
-        flows = [bytes(b) for (_, _, _, dport), b in cap.flows.items() if dport in listeners]
+        flows = [
+            ((dst, dport), bytes(b))
+            for (_, _, dst, dport), b in cap.flows.items()
+            if dport in listeners
+        ]
         assert flows, f"no lane bytes captured: {list(cap.flows)[:8]}"
         lanes_up = re.compile(r"\((?:recv|send)\): lane \d+ up")
         nlanes0 = len(lanes_up.findall(_log(run, "recv") + _log(run, "send")))
@@ -521,8 +525,7 @@ def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> No
         t_attack = now_h(run)
         a = Attack(fab)
         targets = list(t.handle.nics) + [(fab.address(0, k), p) for k, p in t.send_ports.items()]
-        for i, data in enumerate(flows[:16]):
-            ip, port = targets[i % len(targets)]
+        for (ip, port), data in flows[:16]:  # to the listener each was captured going to
             for payload in (data, flip_bits(data, rng, 16), flip_bits(data, rng, 256)):
                 s = a.connect(ip, port)
                 if s is not None:
