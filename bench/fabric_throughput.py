@@ -15,6 +15,7 @@ beside tcp for the checksum's cost. --rate-mbit 0 leaves the veths unlimited.
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
     sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
+    sudo python3 bench/fabric_throughput.py --transports tcp --baseline /path/to/main/build
 """
 
 from __future__ import annotations
@@ -94,10 +95,20 @@ def run_iperf(fab: Fabric, nics: int, streams: int, seconds: float) -> dict[str,
 
 
 def run_plugin(
-    fab: Fabric, nics: int, conns: int, seconds: float, size: int, env: dict[str, str] | None = None
+    fab: Fabric,
+    nics: int,
+    conns: int,
+    seconds: float,
+    size: int,
+    env: dict[str, str] | None = None,
+    build: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     cfg = HarnessConfig(conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60)
-    with CounterSampler(fab, interval=0.1) as samp, HarnessRun(fab, cfg, env=env) as run:
+    plugin, harness = build if build else (None, None)
+    with (
+        CounterSampler(fab, interval=0.1) as samp,
+        HarnessRun(fab, cfg, env=env, plugin=plugin, harness=harness) as run,
+    ):
         t_start = time.monotonic()
         res = run.wait()
         t_end = time.monotonic()
@@ -142,6 +153,11 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--env", action="append", default=[], help="K=V for the plugin (repeat)")
     ap.add_argument(
+        "--baseline",
+        help="a build directory of another tree (e.g. main's): its TCP lanes run as label "
+        "'baseline' in every round, and each label's ratio to it is printed",
+    )
+    ap.add_argument(
         "--transports",
         default="",
         help="lane transports side by side, e.g. tcp,ofi (default: the plugin's own choice)",
@@ -177,6 +193,11 @@ def main() -> int:
     )
     rounds: list[dict[str, Any]] = []
     labels = transports or ["plugin"]
+    builds: dict[str, tuple[Path, Path]] = {}
+    if args.baseline:
+        base = Path(args.baseline) / "plugin"
+        builds["baseline"] = (base / "libnccl-net-railhop.so", base / "railhop-harness")
+        labels = ["baseline", *labels]
     with Fabric(
         nodes=2, nics=args.nics, rate_mbit=args.rate_mbit or None, prefix=unique_prefix("rhbt")
     ) as fab:
@@ -194,7 +215,8 @@ def main() -> int:
                     args.nics * args.conns_per_nic,
                     args.seconds,
                     args.size,
-                    TRANSPORT_ENV.get(label),
+                    TRANSPORT_ENV.get("tcp" if label == "baseline" else label),
+                    builds.get(label),
                 )
                 ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
                 line += (
@@ -227,7 +249,7 @@ def main() -> int:
     side: dict[str, float] = {}
     if "tcp" in labels:
         for lb in labels:
-            if lb != "tcp":
+            if lb not in ("tcp", "baseline"):
                 side[lb] = med[lb] / med["tcp"] if med["tcp"] else 0.0
                 if lb == "tcp+crc32c":  # a cost to report, no target
                     print(f"  checksum on / off           {side[lb]:8.3f}")
@@ -236,6 +258,11 @@ def main() -> int:
                     f"  {lb} lanes / tcp lanes       {side[lb]:8.3f}   (target >= 0.8) "
                     f"{'PASS' if side[lb] >= 0.8 else 'BELOW TARGET'}"
                 )
+    if "baseline" in labels:
+        for lb in labels:
+            if lb != "baseline":
+                side[f"{lb}/baseline"] = med[lb] / med["baseline"] if med["baseline"] else 0.0
+                print(f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}")
     print(f"  data errors                 {errors:8d}")
     _common.write_json(
         args.json,
