@@ -290,6 +290,20 @@ static void test_crc32c(void)
 	EXPECT_EQ(rh_crc32c(rh_crc32c(0, big, 1000), big + 1000, sizeof(big) - 1000),
 		  rh_crc32c(0, big, sizeof(big)));
 	{
+		/* long buffers take the interleaved path: every length around its threshold */
+		static uint8_t huge[(1 << 20) + 64];
+
+		for (size_t i = 0; i < sizeof(huge); i++) {
+			huge[i] = (uint8_t)(i * 2654435761u >> 13);
+		}
+		for (size_t n = 3 * 1024 - 9; n < 3 * 1024 + 30; n++) {
+			EXPECT_EQ(rh_crc32c(0, huge + 1, n), rh_crc32c_sw(0, huge + 1, n));
+		}
+		EXPECT_EQ(rh_crc32c(0x1234, huge, sizeof(huge)),
+			  rh_crc32c_sw(0x1234, huge, sizeof(huge)));
+		EXPECT_EQ(rh_crc32c(0, huge + 3, 524288), rh_crc32c_sw(0, huge + 3, 524288));
+	}
+	{
 		uint32_t before = rh_crc32c(0, big, sizeof(big));
 
 		big[77] ^= 4; /* a flipped bit is seen */
