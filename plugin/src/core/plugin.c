@@ -687,11 +687,17 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 		l = rh_conn_add_lane(c, h->lane_id, h->dst_nic, h->src_nic, h->nstreams, false);
 		if (l) {
 			peer_lane_mark(c, h->lane_id);
-			/* Only the lane that founded the connection is its primary here: an extra
-			 * lane never becomes primary (nor the control lane's first choice) on the
-			 * peer's word. */
-			l->primary = h->kind == RH_HELLO_CONN && h->dst_nic == c->lnic_orig &&
-				     h->src_nic == c->rnic_orig;
+			/* Primary means the connection's original pair (our own record, from the
+			 * founding hello). An extra lane on that pair takes the role only when no
+			 * live lane has it (the peer's fail-back), never beside the real one. */
+			for (int i = 0; i < c->nlanes && l->primary && h->kind == RH_HELLO_LANE;
+			     i++) {
+				struct rh_lane *o = c->lanes[i];
+
+				if (o != l && o->primary && o->state != RH_LANE_DEAD) {
+					l->primary = false;
+				}
+			}
 			l->t_deadline_ms = rh_now_ms() + (h->kind == RH_HELLO_CONN ? 2000 : 200) +
 					   2 * (uint64_t)rh_param.PROBE_TIMEOUT;
 		}
