@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "../log.h"
@@ -37,6 +38,18 @@ uint64_t rh_now_ns(void)
 uint64_t rh_now_ms(void)
 {
 	return rh_now_ns() / 1000000;
+}
+
+uint64_t rh_random_id(void)
+{
+	uint64_t v = 0;
+
+	while (v == 0 || v == UINT64_MAX) {
+		if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) {
+			v = rh_now_ns() ^ (uint64_t)(uintptr_t)&v;
+		}
+	}
+	return v;
 }
 
 struct rh_conn *rh_conn_new(bool is_send)

@@ -179,6 +179,8 @@ struct rh_global {
 extern struct rh_global rh_g;
 
 /* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lanes/lane_ops.h) */
+/* A random id, never 0 nor UINT64_MAX, never blocking (connection, listen and probe ids). */
+uint64_t rh_random_id(void);
 struct rh_conn *rh_conn_new(bool is_send);
 void rh_conn_get(struct rh_conn *c);
 void rh_rreq_free_bits(struct rh_rreq *q);

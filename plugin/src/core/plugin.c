@@ -9,7 +9,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "../log.h"
@@ -94,18 +93,6 @@ int rh_get_props(int dev, struct rh_props *p)
 	return 0;
 }
 
-static uint64_t random_id(void)
-{
-	uint64_t v = 0;
-
-	while (v == 0 || v == UINT64_MAX) {
-		if (getrandom(&v, sizeof(v), 0) != sizeof(v)) {
-			v = rh_now_ns() ^ (uint64_t)(uintptr_t)&v;
-		}
-	}
-	return v;
-}
-
 int rh_listen(int dev, void *handle, void **listen_comm)
 {
 	struct rh_listen *l;
@@ -127,7 +114,7 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 	}
 	memcpy(h.secret, l->secret, sizeof(h.secret));
 	pthread_mutex_lock(&rh_g.mu);
-	l->id = random_id();
+	l->id = rh_random_id();
 	l->next = rh_g.listens;
 	rh_g.listens = l;
 	pthread_mutex_unlock(&rh_g.mu);
@@ -188,13 +175,10 @@ static struct rh_conn *registry_find(uint64_t id, bool is_send)
 
 int rh_conn_start_connect(struct rh_conn *c)
 {
-	int lnic, rnic, rc;
+	int lnic, rnic;
 	struct rh_lane *l;
 
-	rc = rh_fo_initial_pair(c, &lnic, &rnic);
-	if (rc < 0) {
-		return rc;
-	}
+	CHECK(rh_fo_initial_pair(c, &lnic, &rnic));
 	l = rh_conn_add_lane(c, c->next_lane_id, lnic, rnic, (int)rh_param.STREAMS_PER_LANE, true);
 	if (!l) {
 		return -ENOMEM;
@@ -231,7 +215,7 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		if (!c) {
 			return -ENOMEM;
 		}
-		c->id = random_id();
+		c->id = rh_random_id();
 		memcpy(c->key, h.secret, sizeof(c->key));
 		if (rh_auth_random(c->conn_nonce[0], RH_NONCE_LEN) < 0) {
 			rh_core_conn_put(c);

@@ -187,6 +187,8 @@ uint32_t rh_core_conn_rx_min_epoch(struct rh_conn *conn);
 uint32_t rh_core_conn_resume_epoch(struct rh_conn *conn);
 
 /* --- Streams of a lane (the transport's lane state, lane->tp, starts with this head) --- */
+/* The opening side builds lane->tp itself in open() (called locked); streams accepted for a lane
+ * join it through rh_core_stream_attach(); every stream leaves through rh_core_stream_detach(). */
 
 #define RH_LANE_MAX_STREAMS 16
 struct rh_lane_streams {

@@ -40,10 +40,7 @@ static int ofi_listen(int nic)
 	size_t len = sizeof(sa);
 	int rc;
 
-	rc = dom_open(nic);
-	if (rc < 0) {
-		return rc;
-	}
+	CHECK(dom_open(nic));
 	rc = fi_eq_open(d->fabric, &eqa, &d->peq, NULL);
 	if (rc == -FI_ENOSYS || rc == -FI_EINVAL) {
 		eqa.wait_obj = FI_WAIT_NONE;
