@@ -16,6 +16,7 @@
 #include "check.h"
 #include "core/conn.h"
 #include "core/health.h"
+#include "param.h"
 
 /* --- the fake transport --- */
 
@@ -410,6 +411,81 @@ static void test_failover_standalone(void)
 	drop_conn(c);
 }
 
+/* Soak seed 30855: past the escalation bound with no ACTIVE lane, but one lane's confirming
+ * probe in flight (the pair was healthy, only slow) and another lane still opening, the core
+ * failed the connection at once. Now those lanes get to their own deadlines (no new pair is
+ * tried past the bound), and a hard cap behind those deadlines still ends it. */
+static struct rh_conn *conn_with_lanes_in_flight(struct rh_lane **suspect, struct rh_lane **opening)
+{
+	struct rh_lane *l, *b[RH_MAX_LANES];
+	struct rh_conn *c = ready_conn(true, &l);
+	int nb = 0;
+
+	if (!c || !l) {
+		return c;
+	}
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress");
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->state == RH_LANE_OPENING) {
+			b[nb++] = c->lanes[i];
+		}
+	}
+	EXPECT(nb >= 2);
+	*suspect = nb >= 2 ? b[0] : NULL;
+	*opening = nb >= 2 ? b[1] : NULL;
+	if (nb >= 2) {
+		b[0]->state = RH_LANE_ACTIVE; /* it carried traffic, then stalled: probed now */
+		rh_fo_confirm(c, b[0], "test: no progress");
+		EXPECT_EQ(b[0]->state, RH_LANE_SUSPECT);
+	}
+	for (int i = 2; i < nb; i++) {
+		rh_conn_fence_lane(c, b[i]);
+	}
+	pthread_mutex_unlock(&c->mu);
+	return c;
+}
+
+static void test_escalation_waits_for_lanes_in_flight(void)
+{
+	struct rh_lane *s = NULL, *o = NULL;
+	struct rh_conn *c = conn_with_lanes_in_flight(&s, &o);
+	int opens0;
+
+	EXPECT(c != NULL && s != NULL && o != NULL);
+	if (!c || !s || !o) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	c->fo.t_escalate_ms = rh_now_ms() - 1; /* a completion timeout since the last failure */
+	opens0 = tp.opens;
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT_EQ(c->err, 0);
+	EXPECT_EQ(tp.opens, opens0); /* no new pair past the bound */
+	EXPECT_EQ(s->state, RH_LANE_SUSPECT);
+	EXPECT_EQ(o->state, RH_LANE_OPENING);
+	/* The probe answers: the lane carries the traffic again, nothing was given up. */
+	rh_fo_probe_done(c, s->probe_cookie, true);
+	EXPECT_EQ(s->state, RH_LANE_ACTIVE);
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT_EQ(c->err, 0);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+
+	/* The same lanes past the hard cap behind their deadlines: a clean error, no hang. */
+	c = conn_with_lanes_in_flight(&s, &o);
+	EXPECT(c != NULL && s != NULL);
+	if (!c || !s) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	c->fo.t_escalate_ms = rh_now_ms() - 2 * (uint64_t)rh_param.PROBE_TIMEOUT - 201;
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT_EQ(c->err, -EHOSTUNREACH);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
 /* --- health.c --- */
 
 static void test_nic_health(void)
@@ -469,6 +545,7 @@ int main(void)
 	test_ids();
 	test_failover_with_plan();
 	test_failover_standalone();
+	test_escalation_waits_for_lanes_in_flight();
 	test_nic_health();
 	TEST_DONE();
 }

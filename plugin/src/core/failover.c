@@ -273,6 +273,9 @@ static void open_backups(struct rh_conn *c)
 	if (have >= want) {
 		return;
 	}
+	if (c->fo.active && now >= c->fo.t_escalate_ms && count_state(c, RH_LANE_ACTIVE) == 0) {
+		return; /* past the escalation bound: only lanes already in flight may still save it */
+	}
 	n = plan_pairs(c, p, want - have);
 	if (n == 0) {
 		n = rank(c, p, want - have);
@@ -344,10 +347,17 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 	if (c->err || count_state(c, RH_LANE_ACTIVE) > 0) {
 		return;
 	}
-	/* Fail when nothing is left to try (every pair failed its probe and its re-probe), or
-	 * (hard bound) a completion timeout after the last confirmed lane failure. */
+	/* Fail when nothing is left to try: every pair failed its probe and its re-probe, and no
+	 * lane is still opening or being probed. A completion timeout after the last confirmed
+	 * lane failure (t_escalate_ms) no new pair is tried, but lanes already in flight get to
+	 * their own deadlines (a handshake: 2x the probe timeout; a confirming probe: the probe
+	 * timeout + 200 ms): failing at t_escalate_ms while the one healthy pair's lane was being
+	 * probed gave up a connection with a rail left (soak seed 30855). The grace below is the
+	 * hard bound behind those deadlines. */
+	uint64_t grace = 2 * (uint64_t)rh_param.PROBE_TIMEOUT + 200;
+
 	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
-	    now >= c->fo.t_escalate_ms) {
+	    now >= c->fo.t_escalate_ms + grace) {
 		rh_conn_fail(c, any_local_up() ? -EHOSTUNREACH : -ENETDOWN,
 			     "no compatible NIC pair left");
 	}
