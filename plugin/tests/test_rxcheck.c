@@ -212,7 +212,7 @@ int main(void)
 		/* the epoch never wraps: at the limit the connection fails with a clear error */
 		pthread_mutex_lock(&c->mu);
 		c->epoch = RH_EPOCH_LIMIT - 1;
-		EXPECT_EQ(rh_fo_epoch_bump(c), -EOVERFLOW);
+		EXPECT_EQ(rh_conn_epoch_bump(c), -EOVERFLOW);
 		EXPECT_EQ(c->epoch, RH_EPOCH_LIMIT - 1);
 		EXPECT_EQ(c->err, -EOVERFLOW);
 		pthread_mutex_unlock(&c->mu);

@@ -446,3 +446,24 @@ void rh_core_stream_detach(struct rh_conn *c, struct rh_lane *lane, int idx, voi
 	pthread_mutex_unlock(&c->mu);
 	rh_core_conn_put(c);
 }
+
+bool rh_conn_epoch_take(struct rh_conn *c, uint32_t e)
+{
+	if (!rh_epoch_ok(c->epoch, e)) {
+		return false;
+	}
+	if (e > c->epoch) {
+		c->epoch = e;
+	}
+	return true;
+}
+
+int rh_conn_epoch_bump(struct rh_conn *c)
+{
+	if (c->epoch + 1 >= RH_EPOCH_LIMIT) {
+		rh_conn_fail(c, -EOVERFLOW, "epoch space exhausted");
+		return -EOVERFLOW;
+	}
+	c->epoch++;
+	return 0;
+}

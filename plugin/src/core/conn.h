@@ -195,6 +195,11 @@ int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
+/* Take a peer's epoch e (a hello, FAILREQ, RESUME): false when it is out of bounds
+ * (rh_epoch_ok), which the caller treats as a protocol error of the lane it came on. */
+bool rh_conn_epoch_take(struct rh_conn *c, uint32_t e); /* locked */
+/* Start a new epoch; fails the connection when the epoch space is exhausted. */
+int rh_conn_epoch_bump(struct rh_conn *c); /* locked */
 /* Report a lane event to the control plane (l may be NULL: the connection's original pair). */
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
@@ -226,11 +231,6 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
-/* Take a peer's epoch e (a hello, FAILREQ, RESUME): false when it is out of bounds
- * (rh_epoch_ok), which the caller treats as a protocol error of the lane it came on. */
-bool rh_fo_epoch_take(struct rh_conn *c, uint32_t e); /* locked */
-/* Start a new epoch; fails the connection when the epoch space is exhausted. */
-int rh_fo_epoch_bump(struct rh_conn *c); /* locked */
 
 /* health.c (core/health.h is the public half) */
 struct rh_lane_info;

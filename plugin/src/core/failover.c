@@ -329,7 +329,7 @@ static void send_notify(struct rh_conn *c)
 		c->fo.t_last_failreq_ms = rh_now_ms();
 		c->fo.failreq_out = true;
 	} else {
-		if (rh_fo_epoch_bump(c) < 0) {
+		if (rh_conn_epoch_bump(c) < 0) {
 			return;
 		}
 		rh_conn_queue_resume(c, false);
@@ -570,7 +570,7 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 			}
 		}
 	}
-	if (!rh_fo_epoch_take(c, h->epoch) || rh_fo_epoch_bump(c) < 0) {
+	if (!rh_conn_epoch_take(c, h->epoch) || rh_conn_epoch_bump(c) < 0) {
 		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
 	}
 	rh_conn_queue_resume(c, true);
@@ -639,7 +639,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			}
 		}
 	}
-	if (!rh_fo_epoch_take(c, h->epoch)) {
+	if (!rh_conn_epoch_take(c, h->epoch)) {
 		free(r);
 		return;
 	}
@@ -879,25 +879,4 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
 		}
 	}
-}
-
-bool rh_fo_epoch_take(struct rh_conn *c, uint32_t e)
-{
-	if (!rh_epoch_ok(c->epoch, e)) {
-		return false;
-	}
-	if (e > c->epoch) {
-		c->epoch = e;
-	}
-	return true;
-}
-
-int rh_fo_epoch_bump(struct rh_conn *c)
-{
-	if (c->epoch + 1 >= RH_EPOCH_LIMIT) {
-		rh_conn_fail(c, -EOVERFLOW, "epoch space exhausted");
-		return -EOVERFLOW;
-	}
-	c->epoch++;
-	return 0;
 }

@@ -687,7 +687,7 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 		}
 	}
 	if (l) {
-		rh_fo_epoch_take(c, hdr->epoch);
+		rh_conn_epoch_take(c, hdr->epoch);
 		rh_conn_get(c);
 		rh_conn_local_hello(c, reply);
 		reply->kind = h->kind;
