@@ -15,8 +15,8 @@ demo: setup
 	$(BIN)/railhop demo
 
 lint: setup
-	$(BIN)/ruff check agent tests bench
-	$(BIN)/ruff format --check agent tests bench
+	$(BIN)/ruff check agent lab tests bench
+	$(BIN)/ruff format --check agent lab tests bench
 
 format-check:
 	clang-format --dry-run -Werror $(C_SOURCES)
@@ -33,4 +33,4 @@ pytest: setup
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build lab/build $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,11 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def setup_import_path() -> None:
-    """Make `import railhop` (source tree) and `import pyroute2` (a carried wheel) work."""
+    """Make `import railhop` and `import railhop_lab` (source tree) and `import pyroute2` (a
+    carried wheel) work."""
     try:
         import railhop  # noqa: F401
     except ImportError:
         sys.path.insert(0, str(REPO / "agent"))
+    try:
+        import railhop_lab  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(REPO / "lab"))
     try:
         import pyroute2  # noqa: F401
     except ImportError:

@@ -16,22 +16,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+import _common
+
+_common.setup_import_path()
+
+from railhop_lab.harness import NCCL_RESULTS  # noqa: E402
+
 NCCL_SUCCESS = 0
 NCCL_SYSTEM_ERROR = 2
 NCCL_INVALID_ARGUMENT = 4
 NCCL_INVALID_USAGE = 5
 NCCL_REMOTE_ERROR = 6
 NCCL_IN_PROGRESS = 7
-RESULT_NAMES = {
-    0: "ncclSuccess",
-    1: "ncclUnhandledCudaError",
-    2: "ncclSystemError",
-    3: "ncclInternalError",
-    4: "ncclInvalidArgument",
-    5: "ncclInvalidUsage",
-    6: "ncclRemoteError",
-    7: "ncclInProgress",
-}
+RESULT_NAMES = NCCL_RESULTS  # ncclResult_t names, one table (the lab's harness driver)
 NCCL_FLOAT32 = 7
 NCCL_SUM = 0
 CONFIG_MAGIC = 0xCAFEBEEF

@@ -36,15 +36,15 @@ import _common
 _common.setup_import_path()
 
 from railhop import paths  # noqa: E402
-from railhop.demo import Step, fault_report, run_scenario  # noqa: E402
-from railhop.fabric import Fabric, unique_prefix  # noqa: E402
-from railhop.harness import (  # noqa: E402
+from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
+from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
     Progress,
     use_source_tree_build,
     wait_for_bytes,
 )
+from railhop_lab.scenario import Step, fault_report, run_scenario  # noqa: E402
 
 MiB = 1 << 20
 NICS = ("nic0", "nic1", "nic2", "nic3")

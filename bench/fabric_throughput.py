@@ -34,8 +34,8 @@ import _common
 _common.setup_import_path()
 
 from railhop import paths  # noqa: E402
-from railhop.fabric import CounterSampler, Fabric, in_netns, unique_prefix  # noqa: E402
-from railhop.harness import HarnessConfig, HarnessRun, rate_between, use_source_tree_build  # noqa: E402
+from railhop_lab.fabric import CounterSampler, Fabric, in_netns, unique_prefix  # noqa: E402
+from railhop_lab.harness import HarnessConfig, HarnessRun, rate_between, use_source_tree_build  # noqa: E402
 
 IPERF_PORT = 5201
 

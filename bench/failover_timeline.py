@@ -3,7 +3,7 @@
 
 Two variants in one run: carrier loss (node 0's NIC goes down) and a silent blackhole (carrier
 stays up, every frame dropped). Node 0 sends to node 1 through the plugin (harness, every byte
-checked), one connection per NIC. Printed per variant (targets from DESIGN.md section 5):
+checked), one connection per NIC. Printed per variant (targets: README.md, "Why"):
 
   bandwidth with 1 of 4 down / (3/4 of healthy)   >= 0.95
   extra time of the step hit by the fault         <= 1.5 s (blackhole), <= 0.1 s (carrier, agent)
@@ -26,9 +26,9 @@ import _common
 _common.setup_import_path()
 
 from railhop import paths  # noqa: E402
-from railhop.demo import FaultReport, Step, Timeline, fault_report, run_scenario  # noqa: E402
-from railhop.fabric import Fabric, unique_prefix  # noqa: E402
-from railhop.harness import use_source_tree_build  # noqa: E402
+from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
+from railhop_lab.harness import use_source_tree_build  # noqa: E402
+from railhop_lab.scenario import FaultReport, Step, Timeline, fault_report, run_scenario  # noqa: E402
 
 
 def verdict(ok: bool | None) -> str:

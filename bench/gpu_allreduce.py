@@ -7,7 +7,7 @@ For a host with 2 GPUs (torch with NCCL built in), run as root:
     python3 bench/gpu_allreduce.py --plugin PATH --fault blackhole     # fault mid-run
     python3 bench/gpu_allreduce.py --plugin PATH --quick
 
-It builds the two-node, four-NIC fabric (railhop.fabric; pyroute2 only, no `ip`/`tc`), then runs
+It builds the two-node, four-NIC fabric (railhop_lab.fabric; pyroute2 only, no `ip`/`tc`), then runs
 torch.distributed all-reduce with 2 ranks, one per network namespace (rank r on GPU r), forcing
 the NET transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0, a distinct
 NCCL_HOSTID per rank). Bootstrap and the torch store go over the fabric (node 0's nic0).
@@ -28,23 +28,19 @@ is killed at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-MiB = 1 << 20
-
+import _common
+import _gpu
+from _gpu import MiB, parse_size
 
 # ---------------------------------------------------------------------------------------------
 # Worker (one rank, inside a node's netns). Prints JSON lines on stdout.
@@ -56,21 +52,13 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def worker(cfg: dict[str, Any]) -> int:
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     rank = int(cfg["rank"])
     torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES selects this rank's GPU
     t_init = time.time()
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://{cfg['master']}:{cfg['port']}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=float(cfg["pg_timeout"])),
-    )
+    _gpu.init_process_group(cfg)
     _emit({"type": "init", "rank": rank, "s": time.time() - t_init, "nccl": _nccl_version()})
 
     def buffers(size: int) -> tuple[Any, Any, Any]:
@@ -164,124 +152,23 @@ def _nccl_version() -> str:
 # Parent
 
 
-def _setup_import_path() -> None:
-    sys.path.insert(0, str(HERE))
-    import _common
-
-    _common.setup_import_path()
-
-
-class Ranks:
-    """The two worker processes of one transport; all waits bounded, always killed at the end."""
-
-    def __init__(
-        self, fab: Any, env: list[dict[str, str]], cfg: dict[str, Any], logdir: Path, *, name: str
-    ) -> None:
-        self.lines: list[list[dict[str, Any]]] = [[], []]
-        self.procs: list[subprocess.Popen[str]] = []
-        self.logs = [logdir / f"{name}.rank{r}.log" for r in range(2)]
-        self.readers = []
-        for r in range(2):
-            argv = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--worker",
-                json.dumps({**cfg, "rank": r}),
-            ]
-            with self.logs[r].open("w") as err:
-                p = fab.popen(
-                    r, argv, env=env[r], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
-                )
-            self.procs.append(p)
-            th = threading.Thread(target=self._read, args=(r,), daemon=True)
-            th.start()
-            self.readers.append(th)
-
-    def _read(self, r: int) -> None:
-        out = self.procs[r].stdout
-        assert out is not None
-        for line in out:
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line)
-                obj["_recv"] = time.time()
-                self.lines[r].append(obj)
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        ok = True
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                ok = False
-        self.kill()
-        for th in self.readers:
-            th.join(5)
-        return ok
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
-
-    def tail(self, r: int, n: int = 12) -> str:
-        try:
-            return "\n".join(self.logs[r].read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def of(self, kind: str, r: int = 0) -> list[dict[str, Any]]:
-        return [x for x in self.lines[r] if x.get("type") == kind]
+def transport_env(args: argparse.Namespace, transport: str, rundir: Path) -> list[dict[str, str]]:
+    return _gpu.rank_envs(
+        args,
+        transport,
+        rundir,
+        hostid="railhop-bench-node",
+        common={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+        socket_threads=args.socket_threads,
+        socket_nsocks=args.socket_nsocks,
+    )
 
 
-def transport_env(
-    args: argparse.Namespace, fab: Any, transport: str, port: int, rundir: Path
-) -> list[dict[str, str]]:
-    envs = []
-    gpus = [g.strip() for g in args.gpus.split(",")]
-    for r in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "RAILHOP_"))}
-        env.update(
-            {
-                "NCCL_P2P_DISABLE": "1",
-                "NCCL_SHM_DISABLE": "1",
-                "NCCL_NVLS_ENABLE": "0",
-                "NCCL_IB_DISABLE": "1",
-                "NCCL_HOSTID": f"railhop-bench-node{r}",
-                "NCCL_DEBUG": args.nccl_debug,
-                "CUDA_VISIBLE_DEVICES": gpus[r],
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if transport == "railhop":
-            env.update(
-                {
-                    "NCCL_NET_PLUGIN": str(Path(args.plugin).resolve()),
-                    "NCCL_NET": "railhop",
-                    "NCCL_SOCKET_IFNAME": "nic0",
-                    "RAILHOP_RUN_DIR": str(rundir / f"node{r}"),
-                }
-            )
-            (rundir / f"node{r}").mkdir(parents=True, exist_ok=True)
-        else:
-            env.update(
-                {
-                    "NCCL_NET": "Socket",
-                    "NCCL_NET_PLUGIN": "none",
-                    "NCCL_SOCKET_IFNAME": "nic",
-                    "NCCL_SOCKET_NTHREADS": str(args.socket_threads),
-                    "NCCL_NSOCKS_PERTHREAD": str(args.socket_nsocks),
-                }
-            )
-        for kv in args.env:
-            k, _, v = kv.partition("=")
-            env[k] = v
-        envs.append(env)
-    return envs
+def start_ranks(
+    args: argparse.Namespace, fab: Any, transport: str, cfg: dict[str, Any], tmp: Path, name: str
+) -> _gpu.Ranks:
+    envs = transport_env(args, transport, tmp)
+    return _gpu.Ranks(fab, Path(__file__).resolve(), envs, cfg, tmp, name)
 
 
 def nic_delta(before: dict[Any, Any], after: dict[Any, Any]) -> list[int]:
@@ -302,8 +189,8 @@ def run_sweep(
     }
     before = fab.counters()
     t0 = time.monotonic()
-    ranks = Ranks(fab, transport_env(args, fab, transport, port, tmp), cfg, tmp, name=transport)
-    finished = ranks.wait(args.timeout)
+    ranks = start_ranks(args, fab, transport, cfg, tmp, transport)
+    finished = ranks.finish(args.timeout)
     after = fab.counters()
     res = {r["size"]: r for r in ranks.of("result", 0)}
     bad = max((x.get("bad", 0) for rr in range(2) for x in ranks.of("result", rr)), default=0)
@@ -340,8 +227,7 @@ def run_fault(
         "port": port,
         "pg_timeout": args.timeout,
     }
-    envs = transport_env(args, fab, transport, port, tmp)
-    ranks = Ranks(fab, envs, cfg, tmp, name=f"{transport}-fault")
+    ranks = start_ranks(args, fab, transport, cfg, tmp, f"{transport}-fault")
     deadline = time.monotonic() + args.timeout
     t_first = None
     t_fault = t_heal = None
@@ -368,7 +254,7 @@ def run_fault(
             time.sleep(0.05)
     finally:
         fab.heal_all()
-        finished = ranks.wait(0.0 if hung else max(1.0, deadline - time.monotonic()))
+        finished = ranks.finish(0.0 if hung else max(1.0, deadline - time.monotonic()))
     steps = ranks.of("step", 0)
     bad = max((x.get("bad") or 0 for rr in range(2) for x in ranks.lines[rr]), default=0)
     rep: dict[str, Any] = {
@@ -423,15 +309,9 @@ def inject(fab: Any, fault: str) -> None:
         raise SystemExit(f"unknown fault {fault}")
 
 
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s.rstrip("KMG")) * mult)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--plugin", help="absolute path of libnccl-net-railhop.so (required)")
+    _gpu.add_rank_options(ap)
     ap.add_argument("--sizes", default="1M,4M,16M,64M,256M")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -439,8 +319,6 @@ def main() -> int:
     ap.add_argument("--socket-threads", type=int, default=4)
     ap.add_argument("--socket-nsocks", type=int, default=4)
     ap.add_argument("--rate-mbit", type=int, default=None, help="tbf per NIC (default: none)")
-    ap.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
-    ap.add_argument("--gpus", default="0,1", help="GPU of rank 0,1 (default 0,1)")
     ap.add_argument(
         "--fault",
         choices=["blackhole", "carrier", "two"],
@@ -452,11 +330,8 @@ def main() -> int:
     ap.add_argument("--fault-total", type=float, default=30.0, help="seconds of fault timeline")
     ap.add_argument("--hang-s", type=float, default=30.0, help="no step for this long = hung")
     ap.add_argument("--timeout", type=float, default=600.0, help="bound per transport run (s)")
-    ap.add_argument("--nccl-debug", default="WARN")
-    ap.add_argument("--env", action="append", default=[], help="extra K=V for both ranks")
     ap.add_argument("--quick", action="store_true", help="sizes 4M,64M,256M, 5 iters")
     ap.add_argument("--json", help="write results here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
@@ -464,27 +339,19 @@ def main() -> int:
         ap.error("--plugin PATH is required (absolute path of libnccl-net-railhop.so)")
     if args.plugin and not Path(args.plugin).is_file():
         ap.error(f"--plugin {args.plugin}: no such file")
-    if os.geteuid() != 0:
-        print("needs root: it creates network namespaces, veth pairs and a bridge", file=sys.stderr)
+    if (why := _gpu.root_problem()) is not None:
+        print(why, file=sys.stderr)
         return 2
     if args.quick:
         args.sizes, args.iters, args.warmup = "4M,64M,256M", 5, 2
         args.fault_total = min(args.fault_total, 20.0)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    _setup_import_path()
-    import _common
-    from railhop.fabric import Fabric, unique_prefix
+    _common.setup_import_path()
+    from railhop_lab.fabric import Fabric, unique_prefix
 
-    try:
-        import torch
-
-        ngpu = torch.cuda.device_count()
-        tv = torch.__version__
-    except Exception as e:  # report, not crash
-        print(f"torch with CUDA is needed: {e}", file=sys.stderr)
-        return 2
-    if ngpu < 2:
-        print(f"needs 2 GPUs, found {ngpu}", file=sys.stderr)
+    tv, why = _gpu.torch_problem(gpus=2)
+    if why is not None:
+        print(why, file=sys.stderr)
         return 2
     print(f"railhop GPU all-reduce | {_common.stamp()} | {_common.machine()} | torch {tv}")
     print(

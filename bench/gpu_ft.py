@@ -5,7 +5,7 @@ For a host with 2 GPUs (torch with NCCL >= 2.28.7 built in), run as root:
 
     python3 bench/gpu_ft.py --plugin /abs/path/libnccl-net-railhop.so [--quick]
 
-Two ranks, one per network namespace of railhop.fabric (rank r on GPU r), NET transport forced
+Two ranks, one per network namespace of railhop_lab.fabric (rank r on GPU r), NET transport forced
 (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0, distinct NCCL_HOSTID). Scenarios
 (each a fresh pair of processes; `--scenarios` picks a subset):
 
@@ -35,9 +35,7 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,8 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-MiB = 1 << 20
+import _common
+import _gpu
+from _gpu import MiB, Ranks, parse_size
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 
 
@@ -103,20 +103,12 @@ def _fault_time(d: Path) -> float | None:
 
 def worker_torch(cfg: dict[str, Any]) -> int:
     """live: the op loop; torch: all-reduce loop until the error reaches Python."""
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     rank, peer, d = int(cfg["rank"]), 1 - int(cfg["rank"]), Path(cfg["dir"])
     torch.cuda.set_device(0)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://{cfg['master']}:{cfg['port']}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=float(cfg["pg_timeout"])),
-    )
+    _gpu.init_process_group(cfg)
     n = max(2, cfg["size"] // 4) // 2 * 2
     half = n // 2
     base = (torch.arange(n, device="cuda", dtype=torch.int32) % 1021).float()
@@ -209,7 +201,6 @@ def worker_nb(cfg: dict[str, Any]) -> int:
     """abort / revoke: a non-blocking communicator through the ctypes binding."""
     import torch
 
-    sys.path.insert(0, str(HERE))
     import _nccl
 
     rank, d = int(cfg["rank"]), Path(cfg["dir"])
@@ -376,129 +367,24 @@ def worker_nb(cfg: dict[str, Any]) -> int:
 # Parent
 
 
-class Ranks:
-    """The two worker processes of one scenario; all waits bounded, always killed at the end."""
-
-    def __init__(
-        self, fab: Any, envs: list[dict[str, str]], cfg: dict[str, Any], logdir: Path, name: str
-    ) -> None:
-        self.lines: list[list[dict[str, Any]]] = [[], []]
-        self.procs: list[subprocess.Popen[str]] = []
-        self.logs = [logdir / f"{name}.rank{r}.log" for r in range(2)]
-        self.t_start = time.time()
-        self.t_exit: list[float | None] = [None, None]
-        self.readers = []
-        for r in range(2):
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-            argv.append(json.dumps({**cfg, "rank": r}))
-            with self.logs[r].open("w") as err:
-                p = fab.popen(
-                    r, argv, env=envs[r], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
-                )
-            self.procs.append(p)
-            th = threading.Thread(target=self._read, args=(r,), daemon=True)
-            th.start()
-            self.readers.append(th)
-
-    def _read(self, r: int) -> None:
-        out = self.procs[r].stdout
-        assert out is not None
-        for line in out:
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line)
-                obj["_recv"] = time.time()
-                self.lines[r].append(obj)
-        self.t_exit[r] = time.time()
-
-    def of(self, kind: str, r: int) -> list[dict[str, Any]]:
-        return [x for x in list(self.lines[r]) if x.get("type") == kind]
-
-    def first(self, kinds: tuple[str, ...], r: int) -> dict[str, Any] | None:
-        return next((x for x in list(self.lines[r]) if x.get("type") in kinds), None)
-
-    def alive(self) -> bool:
-        return any(p.poll() is None for p in self.procs)
-
-    def wait_for(self, cond: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return True
-            time.sleep(0.02)
-        return cond()
-
-    def finish(self, timeout: float) -> bool:
-        ok = self.wait_for(lambda: not self.alive(), timeout)
-        self.kill()
-        for th in self.readers:
-            th.join(5)
-        return ok
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
-
-    def tail(self, r: int, n: int = 8) -> str:
-        try:
-            return "\n".join(self.logs[r].read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
 def make_envs(
     args: argparse.Namespace, transport: str, rundir: Path, scenario: str
 ) -> list[dict[str, str]]:
-    envs = []
-    gpus = [g.strip() for g in args.gpus.split(",")]
-    for r in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "RAILHOP_"))}
-        env.update(
-            {
-                "NCCL_P2P_DISABLE": "1",
-                "NCCL_SHM_DISABLE": "1",
-                "NCCL_NVLS_ENABLE": "0",
-                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1",
-                "NCCL_IB_DISABLE": "1",
-                "NCCL_HOSTID": f"railhop-ft-node{r}",
-                "NCCL_DEBUG": args.nccl_debug,
-                "CUDA_VISIBLE_DEVICES": gpus[r],
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        if transport == "railhop":
-            env.update(
-                {
-                    "NCCL_NET_PLUGIN": str(Path(args.plugin).resolve()),
-                    "NCCL_NET": "railhop",
-                    "NCCL_SOCKET_IFNAME": "nic0",
-                    "RAILHOP_NICS": "nic0:0,nic1:1,nic2:2,nic3:3",
-                    "RAILHOP_RUN_DIR": str(rundir / f"node{r}"),
-                }
-            )
-            (rundir / f"node{r}").mkdir(parents=True, exist_ok=True)
-        else:
-            env.update(
-                {
-                    "NCCL_NET": "Socket",
-                    "NCCL_NET_PLUGIN": "none",
-                    "NCCL_SOCKET_IFNAME": "nic",
-                    "NCCL_SOCKET_NTHREADS": "4",
-                    "NCCL_NSOCKS_PERTHREAD": "4",
-                }
-            )
-        if scenario == "torch":  # wait() polls and raises the communicator's error in Python
-            env["TORCH_NCCL_BLOCKING_WAIT"] = "1"
-        for kv in args.env:
-            k, _, v = kv.partition("=")
-            env[k] = v
-        envs.append(env)
-    return envs
+    common = {
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    }
+    if scenario == "torch":  # wait() polls and raises the communicator's error in Python
+        common["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+    return _gpu.rank_envs(
+        args,
+        transport,
+        rundir,
+        hostid="railhop-ft-node",
+        common=common,
+        railhop={"RAILHOP_NICS": "nic0:0,nic1:1,nic2:2,nic3:3"},
+    )
 
 
 def _start(
@@ -519,7 +405,8 @@ def _start(
         "fake": args.fake,
         **extra,
     }
-    return Ranks(fab, make_envs(args, tr, tmp, scen), cfg, tmp, f"{tr}-{scen}"), d
+    envs = make_envs(args, tr, tmp, scen)
+    return Ranks(fab, Path(__file__).resolve(), envs, cfg, tmp, f"{tr}-{scen}"), d
 
 
 def _ready(ranks: Ranks, timeout: float) -> bool:
@@ -702,18 +589,11 @@ def run_escalation(
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s.rstrip("KMG")) * mult)
-
-
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
 def _rname(rc: Any) -> str:
-    sys.path.insert(0, str(HERE))
     import _nccl
 
     return _nccl.result_name(rc) if isinstance(rc, int) else str(rc)
@@ -810,7 +690,7 @@ def summary(results: dict[str, Any]) -> tuple[list[str], bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--plugin", help="absolute path of libnccl-net-railhop.so (required)")
+    _gpu.add_rank_options(ap)
     ap.add_argument("--scenarios", default="live,abort,torch,revoke")
     ap.add_argument("--transports", default="railhop,socket")
     ap.add_argument("--size", type=parse_size, default=16 * MiB, help="buffer per op")
@@ -823,14 +703,9 @@ def main() -> int:
     ap.add_argument("--init-timeout", type=float, default=90.0)
     ap.add_argument("--recover-iters", type=int, default=20)
     ap.add_argument("--completion-ms", type=int, default=1000, help="RAILHOP_COMPLETION_TIMEOUT")
-    ap.add_argument("--gpus", default="0,1")
-    ap.add_argument("--mtu", type=int, default=9000)
-    ap.add_argument("--nccl-debug", default="WARN")
-    ap.add_argument("--env", action="append", default=[], help="extra K=V for both ranks")
     ap.add_argument("--quick", action="store_true", help="shorter live loop and bounds")
     ap.add_argument("--json", help="write results here (default $OUT/gpu_ft.json if OUT set)")
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         cfg = json.loads(args.worker)
@@ -842,8 +717,8 @@ def main() -> int:
     trs = [t.strip() for t in args.transports.split(",") if t.strip()]
     if "railhop" in trs and (not args.plugin or not Path(args.plugin).is_file()):
         ap.error("--plugin /abs/path/libnccl-net-railhop.so is required (an existing file)")
-    if os.geteuid() != 0:
-        print("needs root: it creates network namespaces, veth pairs and a bridge", file=sys.stderr)
+    if (why := _gpu.root_problem()) is not None:
+        print(why, file=sys.stderr)
         return 2
     if args.quick:
         args.live_total = min(args.live_total, 20.0)
@@ -856,23 +731,14 @@ def main() -> int:
         args.env.append(f"RAILHOP_COMPLETION_TIMEOUT={args.completion_ms}")
     if args.json is None and os.environ.get("OUT"):
         args.json = str(Path(os.environ["OUT"]) / "gpu_ft.json")
-    sys.path.insert(0, str(HERE))
-    import _common
-
     _common.setup_import_path()
-    from railhop.fabric import Fabric, unique_prefix
+    from railhop_lab.fabric import Fabric, unique_prefix
 
     tv = "fake"
     if not args.fake:
-        try:
-            import torch
-
-            tv = torch.__version__
-            if torch.cuda.device_count() < 2:
-                print("needs 2 GPUs", file=sys.stderr)
-                return 2
-        except Exception as e:
-            print(f"torch with CUDA is needed: {e}", file=sys.stderr)
+        tv, why = _gpu.torch_problem(gpus=2)
+        if why is not None:
+            print(why, file=sys.stderr)
             return 2
     scens = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     print(f"railhop GPU fault tolerance | {_common.stamp()} | {_common.machine()} | torch {tv}")

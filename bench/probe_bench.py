@@ -44,13 +44,6 @@ import _common
 _common.setup_import_path()
 
 from railhop import paths  # noqa: E402
-from railhop.fabric import End, Fabric, unique_prefix  # noqa: E402
-from railhop.harness import (  # noqa: E402
-    HarnessConfig,
-    HarnessRun,
-    use_source_tree_build,
-    wait_for_bytes,
-)
 from railhop.sources.base import Registry  # noqa: E402
 from railhop.sources.bpfstats import ProgStats, RunStats  # noqa: E402
 from railhop.sources.ebpf import CarrierSource, EbpfSource, TcpLaneSource  # noqa: E402
@@ -58,6 +51,13 @@ from railhop.sources.events import Event  # noqa: E402
 from railhop.sources.netlink import NetlinkSource  # noqa: E402
 from railhop.sources.timing import Collector, carrier_cycles, summarize  # noqa: E402
 from railhop.sources.usdt import UsdtSource  # noqa: E402
+from railhop_lab.fabric import End, Fabric, unique_prefix  # noqa: E402
+from railhop_lab.harness import (  # noqa: E402
+    HarnessConfig,
+    HarnessRun,
+    use_source_tree_build,
+    wait_for_bytes,
+)
 
 MiB = 1 << 20
 

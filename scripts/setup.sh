@@ -44,10 +44,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 	/usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
 stamp="$VENV/.railhop-installed"
-newest=$(find pyproject.toml CMakeLists.txt agent plugin bpf policies -newer "$stamp" -print -quit 2>/dev/null || true)
+newest=$(find pyproject.toml CMakeLists.txt agent plugin bpf policies lab -newer "$stamp" -print -quit 2>/dev/null || true)
 if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
 	echo "setup: installing railhop into $VENV"
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q ".[dev]"
+	# the emulation lab (fabric, harness driver, scenarios, `railhop demo`): its own package,
+	# installed after the agent it drives; a node needs only the agent
+	echo "setup: installing railhop-lab into $VENV"
+	"$VENV/bin/pip" install -q ./lab
 	touch "$stamp"
 fi

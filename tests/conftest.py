@@ -35,7 +35,7 @@ def _privileged_gate(request: pytest.FixtureRequest) -> None:
 def require_built() -> None:
     """The plugin and the harness must exist (a `make ctest` build or the installed package)."""
     from railhop import paths
-    from railhop.harness import use_source_tree_build
+    from railhop_lab.harness import use_source_tree_build
 
     use_source_tree_build()
     for what, fn in (("plugin", paths.plugin_path), ("harness", paths.harness_path)):

@@ -293,25 +293,7 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------
-# demo, status, sources
-
-
-@cli.command("demo")
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("railhop-demo"),
-    show_default=True,
-    help="Where results.json, timeline.png and the traces are written.",
-)
-@click.option("--rate-mbit", type=click.IntRange(10, 100000), default=200, show_default=True)
-@click.option("--quick", is_flag=True, help="Shorter phases (a smoke run).")
-def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool) -> None:
-    """Failover demo on an emulated 2-node, 4-NIC fabric (needs root)."""
-    from railhop.demo import run_demo
-
-    raise SystemExit(run_demo(out_dir, rate_mbit=rate_mbit, quick=quick))
+# status, agent, sources; commands of other packages (the lab's `railhop demo`)
 
 
 @cli.command("status")
@@ -366,8 +348,24 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     help="Where health.tbl and agent.sock live (default $RAILHOP_RUN_DIR or /run/railhop).",
 )
 @_root_option
-@click.option("--nic", "nics", multiple=True, help="Netdevs to manage (repeatable or a,b).")
+@click.option(
+    "--nic",
+    "nics",
+    multiple=True,
+    help="Netdevs to manage (repeatable or a,b). Default: RAILHOP_NICS, else auto-detection.",
+)
 @click.option("--owner-uid", type=int, default=None, help="uid of the jobs (socket owner).")
+@click.option(
+    "--socket-group",
+    default=None,
+    help="Jobs of every member of this group (name or gid) may send lane events (socket 0660).",
+)
+@click.option(
+    "--socket-any-uid",
+    is_flag=True,
+    help="Any uid may send lane events (socket 0666); events are attributed and rate-limited "
+    "per uid and process.",
+)
 @click.option("--heartbeat-ms", type=click.IntRange(10, 60000), default=250, show_default=True)
 @click.option("--duration", type=click.FloatRange(min=0.0), default=None, help="Stop after SEC.")
 @click.option(
@@ -377,7 +375,13 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     default=None,
     help="Serve Prometheus metrics on this port (0: any free port; default: off).",
 )
-@click.option("--metrics-addr", envvar="RAILHOP_METRICS_ADDR", default="0.0.0.0", show_default=True)
+@click.option(
+    "--metrics-addr",
+    envvar="RAILHOP_METRICS_ADDR",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the metrics endpoint (0.0.0.0: every address, for a remote scraper).",
+)
 @click.option(
     "--traces/--no-traces",
     default=True,
@@ -409,6 +413,11 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
     show_default=True,
     help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
 )
+@click.option(
+    "--keep-capabilities",
+    is_flag=True,
+    help="Do not drop capabilities once the sources have started (debugging).",
+)
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def agent_cmd(
@@ -417,6 +426,8 @@ def agent_cmd(
     root: Path,
     nics: tuple[str, ...],
     owner_uid: int | None,
+    socket_group: str | None,
+    socket_any_uid: bool,
     heartbeat_ms: int,
     duration: float | None,
     metrics_port: int | None,
@@ -426,14 +437,17 @@ def agent_cmd(
     usdt_lib: Path | None,
     plugin_nics: str,
     sources: str,
+    keep_capabilities: bool,
     check: bool,
     verbose: bool,
 ) -> None:
     """Run the node agent: sources -> health -> plan -> plugins (stops cleanly on SIGTERM)."""
     import logging
+    import os
 
     from railhop.control import ControlError
     from railhop.daemon import AgentConfig, AgentError, parse_nics, run_agent
+    from railhop.daemon.config import choose_nics
 
     if check:
         from railhop.sources.cli import run_check
@@ -444,13 +458,17 @@ def agent_cmd(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    managed, nics_from = choose_nics(nics, os.environ)
     cfg = AgentConfig(
         policy_path=policy_path,
         run_dir=run_dir,
         sys_root=root,
-        nics=parse_nics(nics),
+        nics=managed,
+        nics_from=nics_from,
         heartbeat_ms=heartbeat_ms,
         owner_uid=owner_uid,
+        socket_gid=_gid(socket_group),
+        socket_any_uid=socket_any_uid,
         duration_s=duration,
         traces=traces,
         trace_file=trace_file,
@@ -459,6 +477,7 @@ def agent_cmd(
         usdt_lib=usdt_lib,
         plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
         sources=tuple(x for x in sources.split(",") if x),
+        drop_capabilities=not keep_capabilities,
     )
     try:
         code = run_agent(cfg)
@@ -469,13 +488,71 @@ def agent_cmd(
     raise SystemExit(code)
 
 
+def _gid(group: str | None) -> int | None:
+    if group is None:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise click.BadParameter(f"no group {group!r}", param_hint="--socket-group") from None
+
+
 def _register_sources() -> None:
     from railhop.sources.cli import sources_cmd
 
     cli.add_command(sources_cmd)
 
 
+COMMANDS_GROUP = "railhop.commands"  # entry points: commands other packages add to `railhop`
+LAB_COMMANDS = {"demo": "Failover demo on an emulated fabric (needs the railhop lab)."}
+
+
+def _missing_lab_command(name: str, doc: str) -> click.Command:
+    """Stands for a lab command when the lab is not installed: says how to get it (exit 2)."""
+
+    @click.command(
+        name,
+        help=doc,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def cmd() -> None:
+        raise DomainError(
+            f"`railhop {name}` is part of the railhop lab (package railhop-lab), which is not "
+            "installed in this environment. From a railhop source tree: `make setup` installs "
+            "it, or `pip install ./lab` into the environment that has railhop. Nodes do not "
+            "need it: the agent runs without it."
+        )
+
+    return cmd
+
+
+def _register_commands() -> None:
+    """Commands that other installed packages register in the ``railhop.commands`` entry-point
+    group; the lab's commands are stood in for when the lab is missing. A command that fails to
+    load is left out with a warning (the agent's own commands always work)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=COMMANDS_GROUP):
+        if ep.name in cli.commands:
+            continue
+        try:
+            cmd = ep.load()
+        except Exception as e:
+            click.echo(f"warning: command {ep.name!r} ({ep.value}) failed to load: {e}", err=True)
+            continue
+        if isinstance(cmd, click.Command):
+            cli.add_command(cmd, ep.name)
+    for name, doc in LAB_COMMANDS.items():
+        if name not in cli.commands:
+            cli.add_command(_missing_lab_command(name, doc))
+
+
 _register_sources()
+_register_commands()
 
 
 def main() -> None:

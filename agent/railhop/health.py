@@ -15,6 +15,13 @@ States (``NicState``)::
   ``suspect_strikes`` of them within ``suspect_window_s`` make it DOWN, and kinds listed in
   ``down_on`` do so at once (TCP trouble never counts as a strike). A probe failure while
   SUSPECT confirms the suspicion.
+* Lane events are evidence, not commands: a :class:`LaneTimeout` / :class:`LaneError` carries
+  its ``source`` (the reporting process, kernel-verified by the agent). Such a signal takes the
+  NIC DOWN (by ``down_on`` or by strikes) only when it is corroborated: ``corroborate_sources``
+  distinct sources reported within ``suspect_window_s``, or a kernel signal (TCP trouble on a
+  lane socket, a counter breach) or one of the agent's own probes failed within that window.
+  Otherwise it makes the NIC SUSPECT only (the reporting process has already moved its own
+  connections off the lane). Signals without a source (the agent's own) need no corroboration.
 * Flap damping: every entry into DOWN counts a flap; the NIC may return to UP only after a
   hold-off of ``holdoff_initial_s * multiplier**(flaps-1)`` (capped at ``holdoff_max_s``, so it
   never gives up). Flaps are forgotten after ``flap_reset_s`` of continuous UP.
@@ -132,17 +139,21 @@ class AdminUp(Event):
 
 @dataclass(frozen=True)
 class LaneTimeout(Event):
-    """A plugin saw no progress on a cleared-to-send chunk for the completion timeout."""
+    """A plugin saw no progress on a cleared-to-send chunk for the completion timeout.
+    ``source``: who reported it (the agent names the process, e.g. ``"uid 1000 pid 42"``);
+    empty for a signal the agent itself trusts."""
 
     detail: str = ""
+    source: str = ""
     kind: ClassVar[str] = "lane_timeout"
 
 
 @dataclass(frozen=True)
 class LaneError(Event):
-    """A plugin's lane failed with a transport error."""
+    """A plugin's lane failed with a transport error (``source`` as for LaneTimeout)."""
 
     detail: str = ""
+    source: str = ""
     kind: ClassVar[str] = "lane_error"
 
 
@@ -209,8 +220,11 @@ class HealthParams:
     holdoff_max_s: float = 60.0
     holdoff_multiplier: float = 2.0
     flap_reset_s: float = 60.0
+    corroborate_sources: int = 2  # distinct reporters a lane signal needs to take a NIC down
 
     def __post_init__(self) -> None:
+        if self.corroborate_sources < 1:
+            raise HealthError(f"corroborate_sources must be >= 1, got {self.corroborate_sources}")
         if self.suspect_strikes < 1:
             raise HealthError(f"suspect_strikes must be >= 1, got {self.suspect_strikes}")
         if self.recover_probes < 0:
@@ -260,6 +274,8 @@ class NicHealth:
     probes_ok: int = 0  # successful probes in RECOVERING
     need_evidence: bool = False  # DOWN with the link up: UP only after a ProbeOk
     stable_since: float | None = None  # last entry into UP
+    reporters: tuple[tuple[float, str], ...] = ()  # recent lane signals: (time, source)
+    kernel_bad: float | None = None  # last kernel signal or failed agent probe
 
 
 @dataclass(frozen=True)
@@ -351,11 +367,33 @@ def step(h: NicHealth, ev: Event, p: HealthParams) -> NicHealth:
     return tick(replace(h, t=t), t, p)
 
 
+def _corroborated(h: NicHealth, ev: Event, t: float, p: HealthParams) -> tuple[NicHealth, bool]:
+    """Records ``ev`` as evidence; whether the NIC may now go DOWN on it (see the module doc)."""
+    source = getattr(ev, "source", "")
+    if isinstance(ev, TcpSuspect | CounterBreach | ProbeFail):
+        h = replace(h, kernel_bad=t)
+    if not source:
+        return h, True
+    recent = tuple((at, s) for at, s in h.reporters if t - at < p.suspect_window_s)
+    recent = (*recent[-31:], (t, source))
+    h = replace(h, reporters=recent)
+    if len({s for _, s in recent}) >= p.corroborate_sources:
+        return h, True
+    return h, h.kernel_bad is not None and t - h.kernel_bad < p.suspect_window_s
+
+
 def _soft(h: NicHealth, ev: Event, t: float, p: HealthParams) -> NicHealth:
     desc = ev.kind.replace("_", " ")
     if isinstance(ev, CounterBreach) and ev.counter:
         desc = f"{desc} {ev.counter} {ev.rate:g}/s > {ev.threshold:g}/s"
+    h, corroborated = _corroborated(h, ev, t, p)
     if h.state is NicState.DOWN:
+        return replace(h, last_bad=t)
+    if not corroborated:
+        # one reporter alone: suspicion, never DOWN (its own connections already moved)
+        desc = f"{desc} (uncorroborated)"
+        if h.state is NicState.UP:
+            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t)
         return replace(h, last_bad=t)
     if h.state is NicState.RECOVERING:
         return _go_down(h, t, f"{desc} while recovering", p)

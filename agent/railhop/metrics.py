@@ -27,7 +27,6 @@ drops that sample, not the scrape.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from railhop.control.events import EventType, LaneEvent
+from railhop.procs import pid_alive as _pid_alive
 from railhop.tracing import DETECTION, ESCALATION, FAILBACK, MIGRATION, SpanDesc
 
 log = logging.getLogger("railhop.metrics")
@@ -291,6 +291,9 @@ class _Dynamic(Collector):
             ("malformed", "Lane event messages dropped as malformed"),
             ("queue_dropped", "Lane events dropped: agent queue full"),
             ("peers_rejected", "Event socket peers rejected (uid)"),
+            ("rate_limited", "Lane events dropped: over a per-process or per-uid rate limit"),
+            ("clamped", "Lane events dated in the future, clamped to the receive time"),
+            ("file_write_errors", "Run-directory files (status.json) that could not be written"),
         ):
             fam = CounterMetricFamily(f"railhop_control_{name}", doc)
             fam.add_metric([], int(getattr(c, name, 0)))
@@ -298,16 +301,6 @@ class _Dynamic(Collector):
         g = GaugeMetricFamily("railhop_control_clients", "Plugins connected to the event socket")
         g.add_metric([], int(getattr(c, "clients", 0)))
         yield g
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class MetricsServer:

@@ -170,7 +170,7 @@ static bool agent_suspect(int nic)
 
 static void agent_poll(uint64_t now_ms)
 {
-	struct rh_ctl_opts o = { .log = ctl_log };
+	struct rh_ctl_opts o = { .log = ctl_log, .agent_uid = rh_agent_uid() };
 	int rc;
 
 	(void)now_ms;

@@ -1,14 +1,27 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Plugin side of the control plane: the health-table reader (seqlock + CRC over a read-only
- * shared mapping) and the lane-event sender (AF_UNIX SOCK_SEQPACKET). See ctl.h for the API
- * and railhop/ctl_table.h for the bytes.
+ * Plugin side of the control plane: the health-table reader (seqlock + CRC over copies the
+ * reader pread()s into its own memory) and the lane-event sender (AF_UNIX SOCK_SEQPACKET). See
+ * ctl.h for the API and railhop/ctl_table.h for the bytes.
+ *
+ * Why pread and not a shared mapping: a file mapped MAP_SHARED that anyone truncates raises
+ * SIGBUS in every process that touches the lost pages, i.e. one truncate(2) would kill every
+ * NCCL job on the node. pread() of a truncated file returns a short count instead, which is
+ * just a table that fails its checks. The table is 12 KiB and the ticker reads it every 20 ms:
+ * one 64-byte pread per poll when nothing changed (the header holds seq and the heartbeat),
+ * two more on a change: ~1 us per poll. (A sealed memfd handed over agent.sock would keep reads
+ * free of system calls but needs a new socket protocol and fd passing across every container
+ * boundary; the poll rate does not justify that.)
  *
  * Why a torn copy is never accepted: the agent bumps `seq` to an odd value before it touches
- * the payload and to the next even value after. The reader loads `seq` (acquire), copies, issues
- * an acquire fence and loads `seq` again; the copy is used only when both loads returned the same
- * even value, i.e. no write overlapped the copy. On weakly ordered CPUs the Python writer cannot
- * emit a release fence, so the CRC over the payload is checked as well: a copy must pass both.
+ * the payload and to the next even value after. The reader reads `seq`, copies the table, and
+ * reads `seq` again; the copy is used only when both reads returned the same even value, i.e. no
+ * write overlapped the copy. On weakly ordered CPUs the Python writer cannot emit a release
+ * fence, so the CRC over the payload is checked as well: a copy must pass both.
+ *
+ * Whose table: only a regular file owned by root or by the agent's configured uid
+ * (opts.agent_uid; unset: this process's own uid), writable by its owner alone, is read. A job
+ * that can write the run directory therefore cannot feed other users' jobs a table.
  */
 #define _GNU_SOURCE
 #include "ctl.h"
@@ -18,10 +31,10 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -53,11 +66,10 @@
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
 
-/* One mapping of one table file (one agent instance). Retired mappings stay mapped until
- * rh_ctl_close() so that a snapshot racing with a remap never touches unmapped memory. */
+/* One open table file (one agent instance). Retired files stay open until rh_ctl_close() so
+ * that a snapshot racing with a remap never reads a closed (or reused) descriptor. */
 struct rh_ctl_map {
-	void *addr; /* for munmap */
-	const uint8_t *base;
+	int fd;
 	uint64_t id;
 	dev_t dev;
 	ino_t ino;
@@ -84,6 +96,7 @@ struct rh_ctl {
 	dev_t bad_dev; /* last rejected file (a freed inode number may be reused: ctime too) */
 	ino_t bad_ino;
 	struct timespec bad_ctime;
+	int bad_rc; /* what rejected it */
 	int absent_logged;
 	pthread_mutex_t sock_lock;
 	int sock_fd;
@@ -291,7 +304,7 @@ void rh_ctl_close(struct rh_ctl *ctl)
 	}
 	for (m = ctl->retired; m; m = next) {
 		next = m->retired_next;
-		munmap(m->addr, RH_CTL_TABLE_SIZE);
+		close(m->fd);
 		free(m);
 	}
 	if (ctl->sock_fd >= 0) {
@@ -314,13 +327,39 @@ void rh_ctl_stats(const struct rh_ctl *ctl, struct rh_ctl_stats *out)
 
 /* ---- slow path: (re)mapping and agent liveness ---- */
 
-/* maps the file at table_path if it is not the one mapped now; 1: new map, 0: same file */
+/* whether uid may own the agent's table or socket: root, or the configured agent uid (unset:
+ * this process's own uid, which can only fool itself) */
+static int owner_ok(const struct rh_ctl *ctl, uid_t uid)
+{
+	if (uid == 0) {
+		return 1;
+	}
+	if (ctl->opts.agent_uid > 0) {
+		return (int64_t)uid == ctl->opts.agent_uid;
+	}
+	return uid == geteuid();
+}
+
+/* reads exactly len bytes at off; -EPROTO on a short read (a truncated file), else -errno */
+static int pread_all(int fd, void *buf, size_t len, off_t off)
+{
+	ssize_t n;
+
+	do {
+		n = pread(fd, buf, len, off);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		return -errno;
+	}
+	return (size_t)n == len ? 0 : -EPROTO;
+}
+
+/* opens the file at table_path if it is not the one open now; 1: new table, 0: same file */
 static int map_table(struct rh_ctl *ctl)
 {
 	struct rh_ctl_map *cur = __atomic_load_n(&ctl->cur, __ATOMIC_ACQUIRE), *m;
 	struct rh_ctl_header h;
 	struct stat st;
-	void *base;
 	int fd, rc;
 
 	if (stat(ctl->table_path, &st) != 0) {
@@ -338,9 +377,9 @@ static int map_table(struct rh_ctl *ctl)
 	if (st.st_dev == ctl->bad_dev && st.st_ino == ctl->bad_ino &&
 	    st.st_ctim.tv_sec == ctl->bad_ctime.tv_sec &&
 	    st.st_ctim.tv_nsec == ctl->bad_ctime.tv_nsec) {
-		return -EPROTO; /* already rejected and logged */
+		return ctl->bad_rc; /* already rejected and logged */
 	}
-	fd = open(ctl->table_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	fd = open(ctl->table_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0) {
 		return -errno;
 	}
@@ -350,33 +389,35 @@ static int map_table(struct rh_ctl *ctl)
 		rc = -EPROTO;
 		goto reject;
 	}
-	base = mmap(NULL, RH_CTL_TABLE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		rc = -errno;
-		close(fd);
-		CTL_WARN(ctl, "mmap %s: %s", ctl->table_path, strerror(-rc));
-		return rc;
+	if (!owner_ok(ctl, st.st_uid) || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+		CTL_WARN(
+			ctl,
+			"agent table %s is owned by uid %u with mode %o: only a table of root or the "
+			"agent's uid (RAILHOP_AGENT_UID), writable by its owner alone, is trusted: "
+			"ignored, working alone",
+			ctl->table_path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+		rc = -EPERM;
+		goto reject;
 	}
-	memcpy(&h, base, sizeof(h));
-	if (check_header(&h) != 0) {
+	rc = pread_all(fd, &h, sizeof(h), 0);
+	if (rc == 0 && check_header(&h) != 0) {
 		CTL_WARN(
 			ctl,
 			"agent table %s has magic %#x layout %u (want %#x layout %u) or other sizes: "
 			"ignored, working alone",
 			ctl->table_path, h.magic, h.layout_version, RH_CTL_MAGIC,
 			RH_CTL_LAYOUT_VERSION);
-		munmap(base, RH_CTL_TABLE_SIZE);
 		rc = -EPROTO;
+	}
+	if (rc != 0) {
 		goto reject;
 	}
-	close(fd);
 	m = calloc(1, sizeof(*m));
 	if (!m) {
-		munmap(base, RH_CTL_TABLE_SIZE);
+		close(fd);
 		return -ENOMEM;
 	}
-	m->addr = base;
-	m->base = base;
+	m->fd = fd;
 	m->id = ctl->next_map_id++;
 	m->dev = st.st_dev;
 	m->ino = st.st_ino;
@@ -400,6 +441,7 @@ reject:
 	ctl->bad_dev = st.st_dev;
 	ctl->bad_ino = st.st_ino;
 	ctl->bad_ctime = st.st_ctim;
+	ctl->bad_rc = rc;
 	return rc;
 }
 
@@ -455,11 +497,9 @@ static void invalidate(struct rh_ctl_view *v)
 	v->seq = 0;
 }
 
-static int check_live(struct rh_ctl *ctl, const struct rh_ctl_map *m, struct rh_ctl_view *v,
-		      uint32_t heartbeat_ms)
+static int check_live(struct rh_ctl *ctl, struct rh_ctl_view *v, uint64_t hb, uint32_t heartbeat_ms)
 {
-	const struct rh_ctl_header *h = (const struct rh_ctl_header *)m->base;
-	uint64_t stale = ctl->opts.stale_ns, hb, now;
+	uint64_t stale = ctl->opts.stale_ns, now;
 
 	if (v->flags & RH_CTL_F_AGENT_GONE) {
 		STAT_INC(ctl, stale);
@@ -469,7 +509,6 @@ static int check_live(struct rh_ctl *ctl, const struct rh_ctl_map *m, struct rh_
 		stale = STALE_HEARTBEATS * heartbeat_ms * 1000000ull;
 	}
 	if (stale) {
-		hb = __atomic_load_n(&h->heartbeat_ns, __ATOMIC_RELAXED);
 		now = mono_ns();
 		if (now > hb && now - hb > stale) {
 			STAT_INC(ctl, stale);
@@ -482,11 +521,10 @@ static int check_live(struct rh_ctl *ctl, const struct rh_ctl_map *m, struct rh_
 int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 {
 	struct rh_ctl_map *m = __atomic_load_n(&ctl->cur, __ATOMIC_ACQUIRE);
-	const struct rh_ctl_header *h;
-	const uint8_t *base;
+	uint8_t buf[RH_CTL_TABLE_SIZE]; /* 12 KiB: this call's private copy */
 	struct rh_ctl_header hc;
 	struct rh_ctl_body b;
-	int crc_bad = 0;
+	int crc_bad = 0, rc;
 
 	v->changed = 0;
 	if (!m || __atomic_load_n(&m->dead, __ATOMIC_ACQUIRE)) {
@@ -494,17 +532,20 @@ int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 		STAT_INC(ctl, stale);
 		return -ESTALE;
 	}
-	base = m->base;
-	h = (const struct rh_ctl_header *)base;
 	for (int tries = 0; tries < RH_CTL_READ_TRIES; tries++) {
-		uint64_t s1 = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE), s2;
+		uint64_t s1, s2;
 		uint32_t n;
 
+		rc = pread_all(m->fd, &hc, sizeof(hc), 0);
+		if (rc != 0) {
+			goto io;
+		}
+		s1 = hc.seq;
 		if (s1 & 1) {
 			cpu_relax();
 			continue;
 		}
-		if (__atomic_load_n(&h->magic, __ATOMIC_RELAXED) != RH_CTL_MAGIC) {
+		if (hc.magic != RH_CTL_MAGIC) {
 			goto proto;
 		}
 		if (__atomic_load_n(&m->bad_seq, __ATOMIC_RELAXED) == s1 + 1) {
@@ -512,24 +553,29 @@ int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 		}
 		if (v->map_id == m->id && v->seq == s1) {
 			/* unchanged since the view was filled: heartbeat_ms is in the cached body */
-			return check_live(ctl, m, v, v->heartbeat_ms);
+			return check_live(ctl, v, hc.heartbeat_ns, v->heartbeat_ms);
 		}
-		memcpy(&hc, base, sizeof(hc));
-		memcpy(&b, base + RH_CTL_BODY_OFFSET, sizeof(b));
-		n = b.nic_count <= RH_CTL_MAX_NICS ? b.nic_count : 0;
-		memcpy(v->nics, base + RH_CTL_NICS_OFFSET, n * sizeof(struct rh_ctl_nic));
-		memcpy(v->plans, base + RH_CTL_PLANS_OFFSET, n * sizeof(struct rh_ctl_plan));
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		s2 = __atomic_load_n(&h->seq, __ATOMIC_RELAXED);
-		if (s1 != s2) {
+		rc = pread_all(m->fd, buf, sizeof(buf), 0);
+		if (rc == 0) {
+			rc = pread_all(m->fd, &s2, sizeof(s2), offsetof(struct rh_ctl_header, seq));
+		}
+		if (rc != 0) {
+			goto io;
+		}
+		memcpy(&hc, buf, sizeof(hc));
+		if (hc.seq != s1 || s2 != s1) {
 			STAT_INC(ctl, torn_retries);
 			cpu_relax();
 			continue;
 		}
+		memcpy(&b, buf + RH_CTL_BODY_OFFSET, sizeof(b));
 		if (check_header(&hc) != 0 || b.nic_count > RH_CTL_MAX_NICS) {
 			__atomic_store_n(&m->bad_seq, s1 + 1, __ATOMIC_RELAXED);
 			goto proto;
 		}
+		n = b.nic_count;
+		memcpy(v->nics, buf + RH_CTL_NICS_OFFSET, n * sizeof(struct rh_ctl_nic));
+		memcpy(v->plans, buf + RH_CTL_PLANS_OFFSET, n * sizeof(struct rh_ctl_plan));
 		if (body_crc(&b, v->nics, v->plans, n) != b.crc32) {
 			/* a write we could not see (weak ordering) or real corruption: retry */
 			STAT_INC(ctl, crc_errors);
@@ -552,15 +598,25 @@ int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 		}
 		v->changed = 1;
 		STAT_INC(ctl, snapshots_copied);
-		return check_live(ctl, m, v, b.heartbeat_ms);
+		return check_live(ctl, v, hc.heartbeat_ns, b.heartbeat_ms);
 	}
 	invalidate(v);
 	if (crc_bad) {
-		__atomic_store_n(&m->bad_seq, __atomic_load_n(&h->seq, __ATOMIC_RELAXED) + 1,
-				 __ATOMIC_RELAXED);
+		__atomic_store_n(&m->bad_seq, hc.seq + 1, __ATOMIC_RELAXED);
 		goto proto;
 	}
 	return -EAGAIN;
+io:
+	/* a truncated (short read) or unreadable table: no bad_seq (it is not this publish's
+	 * content), the next snapshot reads the file again */
+	invalidate(v);
+	STAT_INC(ctl, proto_errors);
+	if (!__atomic_exchange_n(&m->warned, 1, __ATOMIC_RELAXED)) {
+		CTL_WARN(ctl, "agent table %s (generation %llu) cannot be read (%s): working alone",
+			 ctl->table_path, (unsigned long long)m->generation,
+			 rc == -EPROTO ? "truncated" : strerror(-rc));
+	}
+	return -EPROTO;
 proto:
 	invalidate(v);
 	STAT_INC(ctl, proto_errors);
@@ -613,6 +669,25 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 			ctl->connect_warned = 1;
 		}
 		return rc;
+	}
+	{
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+		    !owner_ok(ctl, cred.uid)) {
+			close(fd);
+			if (!ctl->connect_warned) {
+				CTL_WARN(
+					ctl,
+					"agent socket %s is served by uid %d, not root or the agent's "
+					"uid (RAILHOP_AGENT_UID): lane events not sent",
+					ctl->sock_addr.sun_path,
+					len == sizeof(cred) ? (int)cred.uid : -1);
+				ctl->connect_warned = 1;
+			}
+			return -EPERM;
+		}
 	}
 	ctl->sock_fd = fd;
 	ctl->connect_warned = 0;

@@ -9,10 +9,11 @@
  * Threads: rh_ctl_snapshot() may run in any number of threads at once, each with its own view,
  * concurrently with rh_ctl_refresh() and rh_ctl_send_event(). rh_ctl_close() must run alone.
  *
- * Cost: rh_ctl_snapshot() makes no system call (clock_gettime(CLOCK_MONOTONIC) is served by
- * the vDSO); when nothing was published since the view was filled it is two loads and a
- * clock read. rh_ctl_refresh() is the slow path (stat, open, mmap, /proc) and rate-limits
- * itself; call it from a timer or the progress loop at any rate. rh_ctl_send_event() makes one
+ * Cost: rh_ctl_snapshot() reads the table with pread() into the caller's memory (never a
+ * shared mapping: a truncated file cannot raise SIGBUS); when nothing was published since the
+ * view was filled it is one 64-byte pread and a clock read, on a change two more preads (12 KiB).
+ * rh_ctl_refresh() is the slow path (stat, open, owner check, /proc) and rate-limits itself;
+ * call it from a timer or the progress loop at any rate. rh_ctl_send_event() makes one
  * non-blocking send (plus a connect at most once per reconnect interval when disconnected).
  */
 #ifndef RAILHOP_CTL_H
@@ -38,6 +39,9 @@ struct rh_ctl_opts {
 	uint64_t stale_ns; /* heartbeat older than this: agent gone. 0: 8 x its heartbeat period */
 	uint64_t poll_interval_ns; /* rh_ctl_refresh() does real work at most this often. 0: 500 ms */
 	uint64_t reconnect_ns; /* min time between socket connect attempts. 0: 1 s */
+	/* the uid the agent runs as when not root: the table file and the socket's server must
+	 * belong to root or to this uid. <= 0: root or this process's own uid */
+	int64_t agent_uid;
 };
 
 /*
@@ -82,10 +86,11 @@ struct rh_ctl;
 int rh_ctl_open(const char *run_dir, const struct rh_ctl_opts *opts, struct rh_ctl **out);
 
 /*
- * Slow path, rate-limited: maps the table when it appears or when a restarted agent replaced
+ * Slow path, rate-limited: opens the table when it appears or when a restarted agent replaced
  * it, checks that the agent process still exists (same pid namespace only), reconnects the
- * socket. Returns 1 when a new table was mapped, 0 otherwise, negative errno on failure
- * (-ENOENT: no table; -EPROTO: the table is corrupt).
+ * socket. Returns 1 when a new table was opened, 0 otherwise, negative errno on failure
+ * (-ENOENT: no table; -EPROTO: the table is corrupt; -EPERM: the table is not owned by root or
+ * the agent's uid, or others may write it).
  */
 int rh_ctl_refresh(struct rh_ctl *ctl);
 
@@ -94,7 +99,7 @@ int rh_ctl_refresh(struct rh_ctl *ctl);
  * 0: *view is valid (view->changed says whether it is new).
  * -ESTALE: no table, the agent shut down, died or stopped its heartbeat: work alone.
  * -EAGAIN: the writer kept the table busy through every retry: try later.
- * -EPROTO: the table is corrupt (magic, version, sizes, CRC, records): work alone.
+ * -EPROTO: the table is corrupt (magic, version, sizes, CRC, records) or truncated: work alone.
  * On any error *view is invalidated.
  */
 int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *view);

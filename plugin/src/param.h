@@ -40,6 +40,9 @@
 	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                                  \
 	/* Agent rendezvous directory (health table, socket). */                                    \
 	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                      \
+	/* uid the agent runs as when it is not root (0 = root): the health table and the agent   \
+	 * socket are trusted only from root or this uid (0: or this process's own uid). */ \
+	X(AGENT_UID, int, 0, "agent uid when not root; 0 = root (or this process's uid)")           \
 	/* Prefix for /sys reads (tests point it at fixture trees). */                              \
 	X(SYSFS_ROOT, str, "", "sysfs root prefix")                                                 \
 	/* SO_SNDBUF/SO_RCVBUF of lane sockets in bytes. 0 = the kernel's autotuning, which    \

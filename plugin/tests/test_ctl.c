@@ -825,6 +825,186 @@ static void test_events(void)
 	rm_dir(dir);
 }
 
+/* Issue 19, 1: a truncated table must not kill the reader. On a shared mapping the first touch
+ * of a page past the new end raised SIGBUS; a child process reads while the parent truncates
+ * and restores the file, and must end by exit(0), not by a signal. */
+static void test_truncate(void)
+{
+	char *dir = make_dir();
+	struct rh_ctl *ctl = open_ctl(dir);
+	struct rh_ctl_view *v = new_view();
+	char path[300];
+	struct writer w;
+	int status = 0, reaped = 0;
+	pid_t child;
+
+	writer_create(&w, dir, getpid(), 1, 0);
+	snprintf(path, sizeof(path), "%s/%s", dir, RH_CTL_TABLE_FILE);
+	CHECK_EQ(rh_ctl_refresh(ctl), 1);
+	writer_publish(&w, 5);
+	CHECK_EQ(rh_ctl_snapshot(ctl, v), 0);
+	/* a truncate while nothing runs: the next snapshot reports a corrupt table */
+	CHECK_EQ(truncate(path, 100), 0);
+	v->map_id = 0; /* force a full copy */
+	CHECK_EQ(rh_ctl_snapshot(ctl, v), -EPROTO);
+	CHECK_EQ(truncate(path, 0), 0);
+	CHECK_EQ(rh_ctl_snapshot(ctl, v), -EPROTO);
+	CHECK_EQ(truncate(path, RH_CTL_TABLE_SIZE), 0);
+	munmap(w.base, RH_CTL_TABLE_SIZE);
+	w.base = mmap(NULL, RH_CTL_TABLE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, w.fd, 0);
+	CHECK(w.base != MAP_FAILED);
+
+	/* truncates racing with reads: the reader child must survive every one */
+	child = fork();
+	if (child == 0) {
+		uint64_t end = now_ns() + 1000000000ull;
+		long ok = 0, bad = 0;
+
+		while (now_ns() < end) {
+			int rc = rh_ctl_snapshot(ctl, v);
+
+			v->map_id = 0;
+			ok += rc == 0;
+			bad += rc == -EPROTO;
+		}
+		_exit(ok + bad > 0 ? 0 : 3);
+	}
+	CHECK(child > 0);
+	for (int i = 0; i < 2000 && !reaped; i++) {
+		CHECK_EQ(ftruncate(w.fd, (i & 1) ? RH_CTL_TABLE_SIZE : 64), 0);
+		if (i & 1) {
+			writer_publish(&w, 6 + (uint64_t)i);
+		}
+		sched_yield();
+		reaped = waitpid(child, &status, WNOHANG) == child;
+	}
+	CHECK_EQ(ftruncate(w.fd, RH_CTL_TABLE_SIZE), 0);
+	if (!reaped) {
+		CHECK_EQ(waitpid(child, &status, 0), child);
+	}
+	if (WIFSIGNALED(status)) {
+		fprintf(stderr, "reader killed by signal %d while the table was truncated\n",
+			WTERMSIG(status));
+	}
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	writer_destroy(&w);
+	rh_ctl_close(ctl);
+	free(v);
+	rm_dir(dir);
+}
+
+/* Issue 19, 2: the table is trusted only from root or the agent's uid, and only when no one
+ * else may write it. */
+static void test_owner(void)
+{
+	char *dir = make_dir();
+	struct rh_ctl_opts o = { .log = test_log, .poll_interval_ns = 1, .reconnect_ns = 1 };
+	struct rh_ctl_view *v = new_view();
+	struct rh_ctl *ctl = NULL;
+	uid_t me = geteuid(), other = me == 0 ? 65534 : me + 1;
+	char path[300];
+	struct writer w;
+
+	writer_create(&w, dir, getpid(), 1, 0);
+	writer_publish(&w, 3);
+	snprintf(path, sizeof(path), "%s/%s", dir, RH_CTL_TABLE_FILE);
+
+	/* others may write it: refused whoever owns it */
+	CHECK_EQ(chmod(path, 0666), 0);
+	CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+	CHECK_EQ(rh_ctl_refresh(ctl), -EPERM);
+	CHECK_EQ(rh_ctl_snapshot(ctl, v), -ESTALE);
+	rh_ctl_close(ctl);
+	CHECK_EQ(chmod(path, 0644), 0);
+
+	if (me == 0) {
+		/* root: a table of another uid is refused unless that uid is the agent's */
+		CHECK_EQ(chown(path, other, (gid_t)-1), 0);
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_refresh(ctl), -EPERM);
+		CHECK_EQ(rh_ctl_snapshot(ctl, v), -ESTALE);
+		rh_ctl_close(ctl);
+		o.agent_uid = other;
+	} else {
+		/* not root: a table of our own uid is refused when the agent's uid is another */
+		o.agent_uid = other;
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_refresh(ctl), -EPERM);
+		CHECK_EQ(rh_ctl_snapshot(ctl, v), -ESTALE);
+		rh_ctl_close(ctl);
+		o.agent_uid = me;
+	}
+	CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+	CHECK_EQ(rh_ctl_refresh(ctl), 0); /* opened by rh_ctl_open's first refresh */
+	CHECK_EQ(rh_ctl_snapshot(ctl, v), 0);
+	CHECK_EQ(v->publish_count, 3);
+	rh_ctl_close(ctl);
+
+	/* the socket: events go only to a server of root or the agent's uid */
+	if (me != 0) {
+		struct rh_lane_event ev;
+		int lfd = listen_at(dir);
+
+		rh_lane_event_init(&ev, RH_EV_LANE_UP);
+		snprintf(ev.nic, sizeof(ev.nic), "nic0");
+		o.agent_uid = other;
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_send_event(ctl, &ev), -ENOTCONN);
+		rh_ctl_close(ctl);
+		o.agent_uid = me;
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_send_event(ctl, &ev), 0);
+		rh_ctl_close(ctl);
+		close(lfd);
+	} else {
+		/* a server of uid `other` (a child that dropped to it) is refused */
+		struct rh_lane_event ev;
+		int ready[2], go[2], status = 0;
+		char c = 0;
+		pid_t child;
+
+		CHECK_EQ(chmod(dir, 0777), 0);
+		CHECK_EQ(pipe(ready), 0);
+		CHECK_EQ(pipe(go), 0);
+		child = fork();
+		if (child == 0) {
+			int lfd;
+
+			close(ready[0]);
+			close(go[1]);
+			if (setgid(other) != 0 || setuid(other) != 0) {
+				_exit(2);
+			}
+			lfd = listen_at(dir);
+			if (write(ready[1], "x", 1) != 1 || read(go[0], &c, 1) < 0) {
+				_exit(2);
+			}
+			close(lfd);
+			_exit(0);
+		}
+		close(ready[1]);
+		close(go[0]);
+		CHECK_EQ(read(ready[0], &c, 1), 1); /* 0 (EOF) if the child failed */
+		rh_lane_event_init(&ev, RH_EV_LANE_UP);
+		snprintf(ev.nic, sizeof(ev.nic), "nic0");
+		o.agent_uid = 0;
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_send_event(ctl, &ev), -ENOTCONN);
+		rh_ctl_close(ctl);
+		o.agent_uid = other;
+		CHECK_EQ(rh_ctl_open(dir, &o, &ctl), 0);
+		CHECK_EQ(rh_ctl_send_event(ctl, &ev), 0);
+		rh_ctl_close(ctl);
+		close(go[1]); /* EOF: the child ends */
+		CHECK_EQ(waitpid(child, &status, 0), child);
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		close(ready[0]);
+	}
+	writer_destroy(&w);
+	free(v);
+	rm_dir(dir);
+}
+
 /* ---- --reader mode for the Python interop test ---- */
 
 static int reader_main(const char *dir, double seconds)
@@ -952,6 +1132,8 @@ int main(int argc, char **argv)
 	test_corrupt();
 	test_hammer();
 	test_events();
+	test_truncate();
+	test_owner();
 	if (failures) {
 		fprintf(stderr, "test_ctl: %d check(s) failed\n", failures);
 		return 1;

@@ -6,7 +6,7 @@ overwritten with garbage. (A policy file that turns invalid on reload is covered
 in tests/unit/test_control_daemon.py.)
 
 The agent runs in node 0's netns serving ``work/run-node0``, the RAILHOP_RUN_DIR the harness
-gives node 0's plugin processes (railhop.harness.HarnessRun). Every byte is checked by the
+gives node 0's plugin processes (railhop_lab.harness.HarnessRun). Every byte is checked by the
 harness receiver (``res.ok``: no data error, no request error).
 """
 
@@ -27,8 +27,8 @@ import pytest
 
 from conftest import require, require_built, until
 from railhop.control import NicState, Reason, TableError, read_table
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessRun, wait_for_bytes
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
 

@@ -1,5 +1,7 @@
-"""Only the agent's uid, root and the configured job owner can send lane events (root: setuid
-children). Layer 1: the 0700 run dir and 0600 socket; layer 2: SO_PEERCRED at accept."""
+"""Only the agent's uid, root and the configured job owner (or group, or any uid when so
+configured) can send lane events (root: setuid children). Layer 1: the socket's mode (0600 /
+0660 / 0666, set before bind) in a run directory only the agent can write; layer 2: SO_PEERCRED
+at accept; every event attributed and rate-limited per uid and process."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -100,7 +103,7 @@ def test_other_uid_cannot_connect_through_the_permissions(base: Path) -> None:
     async def body() -> None:
         async with ControlPlane(base / "run", heartbeat_ms=0) as cp:
             out = await as_nobody(cp.socket_path, encode_event(ev(1)), "wait")
-            assert out == "refused 13"  # EACCES: the 0700 directory stops it
+            assert out == "refused 13"  # EACCES: the 0600 socket stops it
             assert cp.counters.clients_accepted == 0 and cp.counters.events == 0
 
     asyncio.run(body())
@@ -130,7 +133,9 @@ def test_other_uid_is_rejected_by_peer_credentials(base: Path) -> None:
 def test_job_owner_uid_may_send(base: Path) -> None:
     async def body() -> None:
         async with ControlPlane(base / "run", heartbeat_ms=0, owner_uid=NOBODY) as cp:
-            assert os.stat(cp.run_dir).st_uid == NOBODY
+            # the run directory stays root's (issue 19: the job could plant symlinks in it)
+            assert os.stat(cp.run_dir).st_uid == 0
+            assert stat.S_IMODE(os.stat(cp.run_dir).st_mode) == 0o755
             assert os.lstat(cp.socket_path).st_uid == NOBODY
             out = await as_nobody(cp.socket_path, encode_event(ev(3)), "send")
             assert out == "sent"
@@ -149,6 +154,94 @@ def test_run_dir_of_another_user_is_refused(base: Path) -> None:
     async def body() -> None:
         with pytest.raises(ControlError, match="owned by uid 65534"):
             await ControlPlane(run, heartbeat_ms=0).start()
+
+    asyncio.run(body())
+
+
+def test_a_run_dir_given_to_the_job_earlier_is_taken_back(base: Path) -> None:
+    run = base / "run"
+    run.mkdir()
+    os.chown(run, NOBODY, NOBODY)  # what main did with --owner-uid
+
+    async def body() -> None:
+        async with ControlPlane(run, heartbeat_ms=0, owner_uid=NOBODY) as cp:
+            assert os.stat(cp.run_dir).st_uid == 0
+
+    asyncio.run(body())
+
+
+SECOND = 65533  # a second job user
+
+
+def test_two_users_jobs_side_by_side(base: Path) -> None:
+    """Issue 19: jobs of several users on one node. With a group, members of both uids send;
+    a uid outside it is refused; with any uid, both send and a flood of one does not starve
+    the other: it is rate-limited and counted against its own uid."""
+    gid = 4242
+
+    async def as_user(uid: int, gid_: int, sock: Path, payload: bytes, n: int = 1) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n"
+            "    print('refused', e.errno); sys.exit(0)\n"
+            "d = bytes.fromhex(sys.argv[2])\n"
+            "for _ in range(int(sys.argv[3])):\n    s.send(d)\n"
+            "s.settimeout(10)\n"
+            "try:\n    print('closed' if s.recv(10) == b'' else 'data')\n"
+            "except (ConnectionResetError, TimeoutError):\n    print('sent')\n",
+            str(sock),
+            payload.hex(),
+            str(n),
+            user=uid,
+            group=gid_,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        return out.decode().strip()
+
+    async def body() -> None:
+        async with ControlPlane(base / "g", heartbeat_ms=0, group_gid=gid) as cp:
+            assert stat.S_IMODE(os.lstat(cp.socket_path).st_mode) == 0o660
+            assert os.lstat(cp.socket_path).st_gid == gid
+            got: list[int] = []
+
+            async def collect(k: int) -> None:
+                async for rx in cp.events():
+                    got.append(rx.peer.uid)
+                    if len(got) == k:
+                        return
+
+            t = asyncio.create_task(collect(2))
+            a = asyncio.create_task(as_user(NOBODY, gid, cp.socket_path, encode_event(ev(1))))
+            b = asyncio.create_task(as_user(SECOND, gid, cp.socket_path, encode_event(ev(2))))
+            await asyncio.wait_for(t, 30)
+            assert sorted(got) == sorted([NOBODY, SECOND])
+            await a, await b
+            # a uid outside the group: the 0660 socket refuses it
+            out = await as_user(SECOND, SECOND, cp.socket_path, encode_event(ev(3)))
+            assert out == "refused 13"
+        async with ControlPlane(
+            base / "any", heartbeat_ms=0, any_uid=True, rate_per_process=(1.0, 50.0)
+        ) as cp:
+            assert stat.S_IMODE(os.lstat(cp.socket_path).st_mode) == 0o666
+            flood = await as_user(NOBODY, NOBODY, cp.socket_path, encode_event(ev(4)), 2000)
+            assert flood in ("sent", "closed")
+            await until(lambda: cp.counters.events + cp.counters.rate_limited >= 2000, 30)
+            calm = await as_user(SECOND, SECOND, cp.socket_path, encode_event(ev(5)))
+            assert calm in ("sent", "closed")
+            uids: list[int] = []
+            async for rx in cp.events():
+                uids.append(rx.peer.uid)
+                if rx.peer.uid == SECOND:
+                    break
+            assert uids.count(NOBODY) == 50  # the burst; the rest was dropped at the door
+            c = cp.counters
+            assert c.rate_limited == 1950 and c.rate_limited_by_uid == {NOBODY: 1950}
+            assert c.queue_dropped == 0
 
     asyncio.run(body())
 
@@ -239,3 +332,57 @@ def test_c_plugin_running_as_the_job_owner(base: Path) -> None:
             assert [rx.event.conn_id for rx in got] == [1000, 1001, 1002, 1003, 1004]
 
     asyncio.run(body())
+
+
+def _caps_of_self() -> list[str]:
+    fields = dict(
+        ln.split(":", 1) for ln in Path("/proc/self/status").read_text().splitlines() if ":" in ln
+    )
+    return [fields["CapEff"].strip(), fields["CapPrm"].strip()]
+
+
+def test_agent_drops_capabilities_once_its_sources_started(base: Path) -> None:
+    """Issue 19, 8: the agent kept every capability it started with. `railhop agent` (root,
+    every capability) drops them once its sources have started (none is needed after that
+    without --usdt-lib), and status.json / `railhop status` show what it keeps."""
+    run = base / "run"
+    dgx = REPO / "tests" / "fixtures" / "sys" / "dgx-h100"
+    assert any(int(x, 16) for x in _caps_of_self()), "the test must run with capabilities"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "railhop",
+            "agent",
+            *("--root", str(dgx), "--run-dir", str(run), "--sources", "", "--no-traces"),
+            *("--duration", "20"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        doc: dict[str, object] | None = None
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no status.json with dropped capabilities"
+            try:
+                doc = json.loads((run / "status.json").read_text())
+            except (OSError, ValueError):
+                doc = None
+            if doc and doc.get("privileges", {}).get("effective") == []:  # type: ignore[union-attr]
+                break
+            time.sleep(0.05)
+        priv = doc["privileges"]  # type: ignore[index]
+        assert priv["uid"] == 0 and priv["permitted"] == [] and priv["beyond_needed"] == []
+        out = subprocess.run(
+            [sys.executable, "-m", "railhop", "status", "--run-dir", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert "privileges: uid 0" in out.stdout and "capabilities none" in out.stdout, out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

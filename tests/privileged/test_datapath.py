@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from conftest import require, require_built
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessResult, run_pair
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessResult, run_pair
 
 pytestmark = pytest.mark.privileged
 

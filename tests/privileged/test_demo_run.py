@@ -19,7 +19,7 @@ import pytest
 
 from conftest import require_built
 from railhop import tracing
-from railhop.demo import PNG_SIZE, span_attrs
+from railhop_lab.demo import PNG_SIZE, span_attrs
 
 pytestmark = pytest.mark.privileged
 
@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 def demo_env() -> dict[str, str]:
     require_built()
     pp = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(REPO / "agent") + (os.pathsep + pp if pp else "")}
+    src = os.pathsep.join(str(REPO / d) for d in ("agent", "lab"))  # the agent and the lab
+    return {**os.environ, "PYTHONPATH": src + (os.pathsep + pp if pp else "")}
 
 
 def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:

@@ -1,6 +1,6 @@
 """Carrier loss on a fabric NIC is seen by the eBPF source before the netlink source, at both ends.
 
-The emulated fabric (railhop.fabric, one node, one NIC) injects the loss the two ways the
+The emulated fabric (railhop_lab.fabric, one node, one NIC) injects the loss the two ways the
 benchmarks do: ``remote`` (the spine-side peer goes down: the NIC loses carrier, linkwatch runs
 dev_deactivate -> qdisc_reset) and ``local`` (the NIC itself is set down: dev_close runs
 qdisc_reset before the RTM_NEWLINK). Both sources run in this process on one asyncio loop, as in
@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import require
-from railhop.fabric import End, Fabric, unique_prefix
 from railhop.sources.base import Registry
 from railhop.sources.ebpf import CarrierSource
 from railhop.sources.netlink import NetlinkSource
 from railhop.sources.timing import CarrierCycle, Collector, carrier_cycles, summarize
+from railhop_lab.fabric import End, Fabric, unique_prefix
 
 pytestmark = pytest.mark.privileged
 

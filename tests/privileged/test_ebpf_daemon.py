@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from conftest import require, until
-from railhop.fabric import End, Fabric, unique_prefix
 from railhop.sources.ebpf import CarrierDedup
 from railhop.sources.timing import quantile
+from railhop_lab.fabric import End, Fabric, unique_prefix
 
 pytestmark = pytest.mark.privileged
 

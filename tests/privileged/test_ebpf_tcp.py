@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -26,11 +27,12 @@ from conftest import require
 
 pyroute2 = pytest.importorskip("pyroute2")
 
-from railhop import paths  # noqa: E402
 from railhop.sources import kernel  # noqa: E402
 from railhop.sources.base import queue_emitter  # noqa: E402
 from railhop.sources.ebpf import TcpLaneSource  # noqa: E402
 from railhop.sources.events import Event, TcpSuspect  # noqa: E402
+
+BPF_SRC = Path(__file__).resolve().parents[2] / "bpf"  # test helpers live in the source tree
 
 pytestmark = pytest.mark.privileged
 
@@ -114,7 +116,7 @@ class Blackhole:
         from bcc import BPF
 
         self.p = p
-        self.bpf = BPF(src_file=str(paths.bpf_dir() / "blackhole.bpf.c").encode())
+        self.bpf = BPF(src_file=str(BPF_SRC / "blackhole.bpf.c").encode())  # not installed
         self.fn = self.bpf.load_func(b"rh_blackhole", BPF.SCHED_CLS)
 
     def set(self, on: bool) -> None:

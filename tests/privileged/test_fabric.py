@@ -17,7 +17,7 @@ import pytest
 from pyroute2 import netns
 
 from conftest import require
-from railhop.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_prefix
+from railhop_lab.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_prefix
 
 pytestmark = pytest.mark.privileged
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.privileged
 # coming back costs a second. Connectivity must come back, within a few seconds.
 HEALED_TIMEOUT = 3.0
 
-AGENT_DIR = str(Path(__file__).resolve().parents[2] / "agent")
+LAB_DIR = str(Path(__file__).resolve().parents[2] / "lab")
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -248,8 +248,8 @@ def test_two_fabrics_side_by_side_and_cleanup() -> None:
 
 SCRIPT = """
 import sys, time
-sys.path.insert(0, {agent!r})
-from railhop.fabric import Fabric
+sys.path.insert(0, {lab!r})
+from railhop_lab.fabric import Fabric
 f = Fabric(nodes=2, nics=2, prefix={prefix!r})
 f.up()
 print("up", flush=True)
@@ -259,7 +259,7 @@ time.sleep(120)
 
 def _child_with_fabric(prefix: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT.format(agent=AGENT_DIR, prefix=prefix)],
+        [sys.executable, "-c", SCRIPT.format(lab=LAB_DIR, prefix=prefix)],
         stdout=subprocess.PIPE,
         text=True,
     )

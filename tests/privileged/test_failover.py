@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import require, require_built
-from railhop.fabric import CounterSampler, Fabric, unique_prefix
-from railhop.harness import (
+from railhop_lab.fabric import CounterSampler, Fabric, unique_prefix
+from railhop_lab.harness import (
     HarnessConfig,
     HarnessResult,
     HarnessRun,

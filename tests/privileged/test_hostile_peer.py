@@ -45,8 +45,8 @@ from pathlib import Path
 import pytest
 
 from conftest import require, until
-from railhop.fabric import Fabric, in_netns, unique_prefix
-from railhop.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
+from railhop_lab.fabric import Fabric, in_netns, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
 

@@ -38,8 +38,8 @@ from railhop.control import (
     TableWriter,
 )
 from railhop.control.layout import TABLE_FILE
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import (
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import (
     HarnessConfig,
     HarnessResult,
     HarnessRun,

@@ -27,8 +27,9 @@ import pytest
 
 from conftest import require_built, until
 from railhop import paths, tracing
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessRun, wait_for_bytes
+from railhop_lab.demo import scrape
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
 
@@ -59,30 +60,14 @@ def fab() -> Iterator[Fabric]:
         yield f
 
 
-def scrape(fab: Fabric, node: int, port: int) -> dict[str, float]:
-    """GET /metrics inside the node's netns (the endpoint listens on its loopback)."""
-    s = fab.socket(node)
-    try:
-        s.settimeout(5)
-        s.connect(("127.0.0.1", port))
-        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    finally:
-        s.close()
-    body = data.split(b"\r\n\r\n", 1)[1].decode()
-    out: dict[str, float] = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            key, _, val = line.rpartition(" ")
-            out[key] = float(val)
-    return out
+def metrics0(fab: Fabric) -> dict[str, float]:
+    """Node 0's agent's metrics (its endpoint listens on the node's loopback)."""
+    return scrape(fab, 0, METRICS_PORT, timeout=5.0)
 
 
 def try_scrape(fab: Fabric) -> dict[str, float] | None:
     try:
-        return scrape(fab, 0, METRICS_PORT)
+        return metrics0(fab)
     except OSError:
         return None
 
@@ -142,7 +127,7 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
 
         until(ready, 90, "agent up")
         assert agent.poll() is None, agent_log.read_text()
-        m0 = scrape(fab, 0, METRICS_PORT)
+        m0 = metrics0(fab)
         assert m0['railhop_nic_state{nic="nic1",state="up"}'] == 1
 
         cfg = HarnessConfig(conns=4, sizes=(MiB, 4096), duration=9.0, deadline=40.0, seed=8)
@@ -152,16 +137,13 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
             fab.carrier_down(0, FAILED_NIC, end="remote")
             wall1 = time.time_ns()
             until(
-                lambda: (
-                    scrape(fab, 0, METRICS_PORT).get('railhop_nic_state{nic="nic1",state="down"}')
-                    == 1
-                ),
+                lambda: metrics0(fab).get('railhop_nic_state{nic="nic1",state="down"}') == 1,
                 10,
                 "nic1 down in the metrics",
             )
-            during = scrape(fab, 0, METRICS_PORT)
+            during = metrics0(fab)
             time.sleep(1.0)  # a measured window: traffic must have moved off nic1
-            later = scrape(fab, 0, METRICS_PORT)
+            later = metrics0(fab)
             fab.heal(0, FAILED_NIC)
             res = run.wait()
         assert res.ok, res.describe()

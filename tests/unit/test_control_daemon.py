@@ -175,20 +175,29 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
         assert all(b.weight > 0 for b in backups)
         assert rails["ibp76s0"] is not None
 
-        # a plugin's lane timeout on NIC 3: DOWN (lane_timeout is in down_on by default)
+        # one plugin's lane timeout on NIC 3: evidence, not a command: SUSPECT only (issue 19)
+        timeout = LaneEvent(
+            EventType.LANE_TIMEOUT, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
+        )
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
             c.connect(str(run_dir / "agent.sock"))
-            c.send(
-                encode_event(
-                    LaneEvent(
-                        EventType.LANE_TIMEOUT,
-                        pid=os.getpid(),
-                        nic="ibp93s0",
-                        t_ns=time.monotonic_ns(),
-                    )
-                )
+            c.send(encode_event(timeout))
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.SUSPECT)
+            assert agent.model is not None
+            assert agent.model["ibp93s0"].state is health.NicState.SUSPECT
+            assert "uncorroborated" in agent.model["ibp93s0"].reason
+            # a second process reports it too: corroborated, DOWN (lane_timeout in down_on)
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                "s.connect(sys.argv[1]); s.send(bytes.fromhex(sys.argv[2])); s.recv(1)",
+                str(run_dir / "agent.sock"),
+                encode_event(timeout).hex(),
             )
             await until(lambda: state_of(snap(table), "ibp93s0") == NicState.DOWN)
+            child.kill()
+            await asyncio.wait_for(child.wait(), 10)
 
             # its carrier never went down: after the hold-off (1 s) it waits in RECOVERING for
             # evidence and is not offered again on time alone (the silent-blackhole bug);
@@ -230,7 +239,7 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     assert not (run_dir / "agent.sock").exists()
     final = read_table(table)
     assert final.agent_gone
-    assert agent.stats.transitions >= 4 and agent.stats.lane_events == 2
+    assert agent.stats.transitions >= 5 and agent.stats.lane_events == 3
 
 
 def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
@@ -257,6 +266,126 @@ def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
     s = read_table(run_dir / "health.tbl")
     assert s.agent_gone and len(s.nics) > 0
     assert not (run_dir / "agent.sock").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_sighup_reloads_and_sigint_stops_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    """Issue 19, 5: SIGHUP killed the agent with the socket left and the table "alive"; now it
+    reloads the policy (the agent keeps running), and SIGINT/SIGTERM stop it cleanly."""
+    run_dir = tmp_path / "run"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    code = (
+        "import sys, logging; from pathlib import Path; from railhop import daemon; "
+        "logging.basicConfig(level=logging.INFO); "
+        "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
+        "sys_root=Path(sys.argv[2]), policy_path=Path(sys.argv[3]), sources=(), "
+        "reload_interval_s=3600)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
+    log_path = tmp_path / "agent.log"
+    with log_path.open("wb") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(run_dir), str(DGX), str(policy)],
+            env=env,
+            stderr=logf,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while snap(run_dir / "health.tbl") is None:
+                assert proc.poll() is None, "agent exited early"
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            if sig == signal.SIGHUP:
+                while b"policy reloaded" not in log_path.read_bytes():
+                    assert proc.poll() is None, f"agent died on SIGHUP ({proc.returncode})"
+                    assert time.monotonic() < deadline, "no reload after SIGHUP"
+                    time.sleep(0.02)
+                assert not read_table(run_dir / "health.tbl").agent_gone
+                proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            proc.kill()
+    s = read_table(run_dir / "health.tbl")
+    assert s.agent_gone and len(s.nics) > 0
+    assert not (run_dir / "agent.sock").exists()
+
+
+def test_a_busy_metrics_port_is_a_warning_and_a_retry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 19, 6: a busy Prometheus port made the agent exit 2; the default bind was 0.0.0.0."""
+    assert daemon.AgentConfig().metrics_addr == "127.0.0.1"
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cfg = daemon.AgentConfig(
+        run_dir=tmp_path / "run", sys_root=DGX, sources=(), metrics_port=port, metrics_retry_s=0.1
+    )
+    agent = daemon.Agent(cfg)
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: agent.stats.metrics_bind_failures >= 2)
+        assert not task.done()
+        busy.close()  # the port frees up: the agent takes it
+        await until(lambda: agent.metrics_server is not None and agent.metrics_server._server)
+        assert agent.metrics_server is not None and agent.metrics_server.addr == "127.0.0.1"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    with caplog.at_level("WARNING", logger="railhop.agent"):
+        asyncio.run(body())
+    warnings = [r for r in caplog.records if "running without metrics" in r.getMessage()]
+    assert len(warnings) == 1  # logged once, not at every retry
+
+
+def test_a_relative_policy_survives_a_cwd_change_during_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19, 9: libbcc chdir()s into the kernel build directory while it compiles (in an
+    eBPF source's start-up thread); a relative --policy was then "not found" once and
+    "reloaded" after. The fake source below does what bcc does."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICY.read_text())
+    (tmp_path / "kbuild").mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    class ChdirSource(FakeSource):
+        async def start(self, emit: Callable[[Any], None]) -> list[Any]:
+            os.chdir(tmp_path / "kbuild")
+            return await super().start(emit)
+
+    fake = ChdirSource()
+    cfg = daemon.AgentConfig(
+        policy_path=Path("policies/p.yaml"),
+        run_dir=Path("run"),
+        sys_root=DGX,
+        heartbeat_ms=50,
+        reload_interval_s=0.02,
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake])
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: fake.emit is not None)
+        assert Path.cwd() == tmp_path / "kbuild"
+        reloads_seen = agent.stats.policy_reloads
+        t_end = time.monotonic() + 0.3  # 15 reload intervals with the cwd elsewhere
+        while time.monotonic() < t_end:
+            assert agent.stats.policy_errors == 0
+            await asyncio.sleep(0.02)
+        assert agent.stats.policy_reloads == reloads_seen == 0
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    assert (tmp_path / "run" / "health.tbl").exists()
+    assert agent.config.policy_path == tmp_path / "policies" / "p.yaml"
 
 
 # --- lanes, status.json, the TCP probe's port map, eBPF start-up in the background ----------
@@ -474,3 +603,121 @@ def test_burst_guard_downgrades_one_process_timing_out_on_several_nics() -> None
     m, _ = m.apply(health.LaneTimeout("nic0", 1.0))
     m, _ = m.apply(health.Suspicion("nic2", 1.0))
     assert m.states == {"nic0": health.NicState.DOWN, "nic2": health.NicState.SUSPECT}
+
+
+def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
+    """Issue 19, 11: in a netns of veths the agent ignored RAILHOP_NICS. Precedence: --nic,
+    then RAILHOP_NICS, then auto-detection, and the agent says which at start."""
+    from click.testing import CliRunner
+
+    from railhop.cli import cli
+    from railhop.daemon.config import choose_nics
+
+    assert choose_nics(("a,b",), {"RAILHOP_NICS": "c"}) == (("a", "b"), "--nic")
+    assert choose_nics((), {"RAILHOP_NICS": "veth0:1, veth1:2,"}) == (
+        ("veth0", "veth1"),
+        "RAILHOP_NICS",
+    )
+    assert choose_nics((), {}) == ((), "auto-detection")
+
+    eth = REPO / "tests" / "fixtures" / "sys" / "ethernet"
+
+    def managed(env: dict[str, str], *args: str) -> tuple[set[str], str]:
+        run_dir = tmp_path / f"run{len(env)}{len(args)}"
+        r = CliRunner().invoke(
+            cli,
+            [
+                *("agent", "--root", str(eth), "--run-dir", str(run_dir), "--duration", "0.2"),
+                *("--sources", "", "--no-traces", "--keep-capabilities", *args),
+            ],
+            env=env,
+        )
+        assert r.exit_code == 0, r.output
+        return {n.ifname for n in read_table(run_dir / "health.tbl").nics}, r.output
+
+    nics, _ = managed({"RAILHOP_NICS": "veth0:3"})
+    assert nics == {"veth0"}  # a virtual NIC: only ever managed when named
+    nics, _ = managed({"RAILHOP_NICS": "veth0:3"}, "--nic", "ens1f0")
+    assert nics == {"ens1f0"}
+    nics, _ = managed({})
+    assert "veth0" not in nics and nics
+
+
+def test_status_shows_privileges_and_export_health(tmp_path: Path) -> None:
+    """Issue 19 "done when": `railhop status` shows the agent's privileges and export health."""
+    from railhop.control.status import format_status, read_status_doc
+
+    run_dir = tmp_path / "run"
+    cfg = daemon.AgentConfig(run_dir=run_dir, sys_root=DGX, sources=(), status_interval_s=0.01)
+    agent = daemon.Agent(cfg)
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until((run_dir / "status.json").exists)
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    doc = read_status_doc(run_dir / "status.json")
+    assert doc is not None
+    assert doc["privileges"]["uid"] == os.geteuid()
+    assert isinstance(doc["privileges"]["effective"], list)
+    assert doc["export"] == []
+    text = format_status(read_table(run_dir / "health.tbl"), time.monotonic_ns(), lanes=doc)
+    assert f"privileges: uid {os.geteuid()}" in text
+    assert "trace export: off" in text
+
+
+def test_a_forged_future_timestamp_cannot_keep_a_nic_down(tmp_path: Path) -> None:
+    """Issue 19, 3: lane events dated t_ns = 2**62 froze the NIC's state machine in DOWN (its
+    clock jumped to the forged time, the hold-off never ended). Clamped to the receive time, the
+    NIC goes DOWN (two processes report it), ends its hold-off, and comes back on evidence."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.read_text())
+    run_dir = tmp_path / "run"
+    cfg = daemon.AgentConfig(
+        policy_path=policy, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50, reload_interval_s=1
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [])
+    table = run_dir / "health.tbl"
+    forged = LaneEvent(EventType.LANE_TIMEOUT, pid=os.getpid(), nic="ibp93s0", t_ns=2**62)
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(table) is not None)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(run_dir / "agent.sock"))
+            c.send(encode_event(forged))
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                "s.connect(sys.argv[1]); s.send(bytes.fromhex(sys.argv[2])); s.recv(1)",
+                str(run_dir / "agent.sock"),
+                encode_event(forged).hex(),
+            )
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.DOWN)
+            child.kill()
+            await asyncio.wait_for(child.wait(), 10)
+            assert agent.model is not None
+            assert agent.model["ibp93s0"].t < time.monotonic() + 60  # not 2**62 ns
+            # the hold-off (1 s) ends: RECOVERING, then a plugin fails back onto it: UP
+            await until(
+                lambda: (
+                    agent.model is not None
+                    and agent.model["ibp93s0"].state is health.NicState.RECOVERING
+                )
+            )
+            c.send(
+                encode_event(
+                    LaneEvent(
+                        EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
+                    )
+                )
+            )
+            await until(lambda: state_of(snap(table), "ibp93s0") == NicState.UP)
+        assert agent.control is not None and agent.control.counters.clamped == 2
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())

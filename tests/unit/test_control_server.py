@@ -62,7 +62,7 @@ def test_permissions_and_event_delivery(tmp_path: Path) -> None:
 
     async def body() -> None:
         async with ControlPlane(run_dir, heartbeat_ms=0) as cp:
-            assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+            assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o755
             assert stat.S_ISSOCK(os.lstat(cp.socket_path).st_mode)
             assert stat.S_IMODE(os.lstat(cp.socket_path).st_mode) == 0o600
             assert not cp.table_path.exists()  # created at the first publish
@@ -219,3 +219,57 @@ def test_clean_shutdown(tmp_path: Path) -> None:
         await cp.close()  # idempotent
 
     run(body)
+
+
+# -- issue 19: forged timestamps, floods, several users
+
+
+def test_a_future_timestamp_is_clamped_to_the_receive_time(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with ControlPlane(tmp_path / "run", heartbeat_ms=0) as cp:
+            before = time.monotonic_ns()
+            with client(cp.socket_path) as c:
+                forged = LaneEvent(EventType.LANE_TIMEOUT, pid=1, nic="nic0", t_ns=2**62)
+                c.send(encode_event(forged))
+                rx = await next_event(cp)
+            assert before <= rx.event.t_ns == rx.recv_ns <= time.monotonic_ns()
+            assert cp.counters.clamped == 1
+            with client(cp.socket_path) as c:  # a past timestamp is kept as it is
+                c.send(encode_event(LaneEvent(EventType.LANE_UP, pid=1, nic="nic0", t_ns=5)))
+                rx = await next_event(cp)
+            assert rx.event.t_ns == 5 and cp.counters.clamped == 1
+
+    run(body)
+
+
+def test_a_flood_is_rate_limited_per_process_and_per_uid() -> None:
+    from railhop.control.server import EventServer, PeerCred
+
+    now = [10**12]
+    srv = EventServer(
+        Path("/nonexistent/agent.sock"),
+        allowed_uids={0},
+        any_uid=True,
+        queue_size=100000,
+        rate_per_process=(10.0, 20.0),
+        rate_per_uid=(30.0, 50.0),
+        clock=lambda: now[0],
+    )
+    data = encode_event(LaneEvent(EventType.LANE_TIMEOUT, pid=1, nic="nic0", t_ns=1))
+    flood, other = PeerCred(100, 1000, 1000), PeerCred(200, 2000, 2000)
+    for _ in range(1000):
+        srv.feed(data, flood)
+    assert srv.counters.events == 20 and srv.counters.rate_limited == 980  # the burst
+    srv.feed(data, other)  # another user is not starved by the flood
+    assert srv.counters.events == 21
+    # more processes of the flooding uid: the uid's bucket (50) caps them together
+    for pid in range(101, 111):
+        for _ in range(100):
+            srv.feed(data, PeerCred(pid, 1000, 1000))
+    assert srv.counters.events == 21 + 30  # 50 for uid 1000: 20 used by pid 100
+    assert srv.counters.rate_limited_by_uid[1000] == 980 + 1000 - 30
+    now[0] += 10**9  # one second later: 10 more for the first process
+    for _ in range(100):
+        srv.feed(data, flood)
+    assert srv.counters.events == 51 + 10
+    assert srv.queue.qsize() == 61

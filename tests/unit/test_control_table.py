@@ -278,3 +278,47 @@ def test_encode_decode_roundtrip(t: tuple[list[NicHealth], dict[str, list[Backup
     assert snap.plans == {k: tuple(v) for k, v in plans.items()}
     assert snap.changes == (7,) * len(nics)
     assert (snap.generation, snap.agent_pid, snap.publish_count, snap.heartbeat_ns) == (4, 1, 9, 6)
+
+
+def test_read_table_survives_truncation_while_reading(tmp_path: Path) -> None:
+    """Issue 19, 1: ``railhop status`` (read_table) must not die by SIGBUS when the table is
+    truncated while it reads: a child process reads in a loop while this one truncates and
+    restores the file; the child must exit normally with every read either a valid copy or a
+    TableError."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "health.tbl"
+    w = TableWriter(path, heartbeat_ms=100)
+    w.publish(nics4(), PLANS)
+    reader = (
+        "import sys, time\n"
+        "from railhop.control.errors import TableError\n"
+        "from railhop.control.table import read_table\n"
+        "ok = bad = 0\n"
+        "end = time.monotonic() + 1.0\n"
+        "while time.monotonic() < end:\n"
+        "    try:\n"
+        "        read_table(__import__('pathlib').Path(sys.argv[1])); ok += 1\n"
+        "    except TableError:\n"
+        "        bad += 1\n"
+        "print(ok, bad)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", reader, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    i = 0
+    while child.poll() is None and time.monotonic() < deadline:
+        os.truncate(path, layout.TABLE_SIZE if i % 2 else 64)
+        i += 1
+    os.truncate(path, layout.TABLE_SIZE)
+    out, _ = child.communicate(timeout=30)
+    w.close()
+    assert child.returncode == 0, f"reader died with {child.returncode} (-7 is SIGBUS)"
+    ok, bad = (int(x) for x in out.split())
+    assert ok + bad > 0 and i > 0
+    with pytest.raises(TableError, match="truncated"):
+        os.truncate(path, 100)
+        read_table(path)

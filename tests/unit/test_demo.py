@@ -1,4 +1,4 @@
-"""railhop.demo: fault analysis of a recorded timeline, detections read back from agent
+"""railhop_lab.demo: fault analysis of a recorded timeline, detections read back from agent
 traces, the summary table, the live line and the PNG encoder (pure)."""
 
 from __future__ import annotations
@@ -14,29 +14,27 @@ from typing import Any
 import pytest
 
 from railhop import tracing
-from railhop.demo import (
+from railhop.tracing import SpanDesc
+from railhop_lab.demo import (
     PNG_SIZE,
     Detection,
-    Step,
-    Timeline,
     demo_ok,
     demo_steps,
     detections,
-    fault_report,
     fault_rows,
     live_printer,
     match_detection,
     merge_otlp,
-    render_timeline_png,
     root_problem,
     run_demo,
     summary_table,
     timeline_png,
     totals_of,
 )
-from railhop.fabric import NicCounters
-from railhop.harness import HarnessResult, Progress, SideResult, Summary
-from railhop.tracing import SpanDesc
+from railhop_lab.fabric import NicCounters
+from railhop_lab.harness import HarnessResult, Progress, SideResult, Summary
+from railhop_lab.render import render_timeline_png
+from railhop_lab.scenario import Step, Timeline, fault_report
 
 RATE = 100.0  # bytes/s per connection (and per NIC)
 T0_WALL = 1_700_000_000 * 10**9  # wall clock of scenario second 0

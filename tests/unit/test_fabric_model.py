@@ -1,4 +1,4 @@
-"""railhop.fabric: the pure parts (names, addresses, parameters, the bridge-port request)."""
+"""railhop_lab.fabric: the pure parts (names, addresses, parameters, the bridge-port request)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from railhop.fabric import (
+from railhop_lab.fabric import (
     FabricError,
     brport_state_request,
     nic_address,

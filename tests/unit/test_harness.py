@@ -1,10 +1,10 @@
-"""railhop.harness: command lines, JSON-lines parsing, progress analysis (pure)."""
+"""railhop_lab.harness: command lines, JSON-lines parsing, progress analysis (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from railhop.harness import (
+from railhop_lab.harness import (
     FirstError,
     HarnessConfig,
     HarnessError,

@@ -391,3 +391,48 @@ def test_never_gives_up(evs: list[tuple[type[Event], float]], p: HealthParams) -
                 h = step(h, ProbeOk("nic0", h.t + i * 1e-3), p)
     h = tick(h, bound, p)
     assert h.state is S.UP, h
+
+
+# -- issue 19: lane events are evidence, not commands
+
+
+def test_one_reporter_alone_never_takes_a_nic_down() -> None:
+    p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    h = initial("nic0", 0.0)
+    for i in range(20):  # a flood from one process: suspicion at most, whatever down_on says
+        h = step(h, LaneTimeout("nic0", 1.0 + i * 0.01, source="uid 1000 pid 7"), p)
+        assert h.state is S.SUSPECT
+    assert "uncorroborated" in h.reason
+    h = step(h, LaneError("nic0", 1.3, source="uid 1000 pid 7"), p)
+    assert h.state is S.SUSPECT
+    # a second process within the window corroborates: DOWN
+    h = step(h, LaneTimeout("nic0", 1.4, source="uid 1000 pid 8"), p)
+    assert h.state is S.DOWN and "uncorroborated" not in h.reason
+
+
+def test_a_kernel_signal_or_an_agent_probe_corroborates_one_reporter() -> None:
+    p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    for kernel in (TcpSuspect("nic0", 1.0), ProbeFail("nic0", 1.0)):
+        h = step(initial("nic0", 0.0), kernel, p)
+        h = step(h, LaneTimeout("nic0", 1.5, source="uid 1000 pid 7"), p)
+        assert h.state is S.DOWN, kernel
+    # ... but not one older than the window
+    h = step(initial("nic0", 0.0), TcpSuspect("nic0", 1.0), p)
+    h = step(h, LaneTimeout("nic0", 1.0 + P.suspect_window_s + 0.1, source="uid 1 pid 7"), p)
+    assert h.state is S.SUSPECT
+
+
+def test_reports_outside_the_window_do_not_add_up() -> None:
+    p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="a"), p)
+    h = step(h, LaneTimeout("nic0", 1.0 + P.suspect_window_s + 0.1, source="b"), p)
+    assert h.state is S.SUSPECT
+
+
+def test_corroborate_one_and_sourceless_signals_keep_the_old_rule() -> None:
+    p1 = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=1)
+    assert step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="a"), p1).state is S.DOWN
+    p2 = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    assert step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0), p2).state is S.DOWN
+    with pytest.raises(HealthError, match="corroborate_sources"):
+        HealthParams(corroborate_sources=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -127,3 +128,55 @@ def test_check_async_starts_and_stops_everything() -> None:
     caps = asyncio.run(check_async([a, bad]))
     assert [(c.source, c.attached) for c in caps] == [("a", True), ("bad", False)]
     assert a.log == ["stop"]
+
+
+class SlowFake(Fake):
+    """A kernel-hook-like source: its start blocks (compile) until released, in a thread."""
+
+    def __init__(self, name: str = "ebpf.slow") -> None:
+        super().__init__(name)
+        self.release = threading.Event()
+        self.thread = ""
+
+    def start_sync(self, emit: Emit) -> list[Capability]:
+        assert self.release.wait(30)
+        self.thread = threading.current_thread().name
+        return [attached(self.name, "h", "fake")]
+
+    def stop_sync(self) -> None:
+        self.log.append("stop_sync")
+
+
+def test_start_runs_slow_sources_in_a_thread_in_the_background() -> None:
+    quick, bad, slow = Fake("quick"), Fake("bad", fail=True), SlowFake()
+    up: list[str] = []
+
+    async def run() -> None:
+        reg = Registry([slow, bad, quick], log_capabilities=False)
+        await reg.start(lambda _e: None, lambda s, _caps: up.append(s.name))
+        assert up == ["quick"] and not reg.ready.is_set()  # the loop goes on meanwhile
+        slow.release.set()
+        await asyncio.wait_for(reg.ready.wait(), 5)
+        assert up == ["quick", "ebpf.slow"] and slow.thread == "rh-start-ebpf.slow"
+        assert [s.name for s in reg.started()] == ["quick", "ebpf.slow"]
+        await reg.stop_all(1.0)
+
+    asyncio.run(run())
+    assert slow.log == ["stop"] and quick.log == ["stop"] and bad.log == []
+
+
+def test_a_slow_start_that_ends_after_stop_all_is_undone_in_its_thread() -> None:
+    slow = SlowFake()
+
+    async def run() -> None:
+        reg = Registry([slow], log_capabilities=False)
+        await reg.start(lambda _e: None, lambda _s, _c: pytest.fail("started after stop"))
+        await asyncio.wait_for(reg.stop_all(1.0), 5)
+        assert reg.started() == []
+
+    asyncio.run(run())
+    slow.release.set()
+    deadline = time.monotonic() + 5
+    while slow.log != ["stop_sync"]:
+        assert time.monotonic() < deadline, slow.log
+        time.sleep(0.01)

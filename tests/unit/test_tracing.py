@@ -396,7 +396,8 @@ def test_sinks_from_env() -> None:
         (sink,) = sinks
         assert isinstance(sink, tracing.OtelSink)
         exporter = sink.processors[0]._batch_processor._exporter
-        assert f".proto.{mod}." in type(exporter).__module__
+        # the SDK's exporter, wrapped to record export health (issue 19)
+        assert f".proto.{mod}." in type(exporter.inner).__module__
         sink.shutdown(2.0)
     sinks, _ = tracing.sinks_from_env(
         {"OTEL_TRACES_EXPORTER": "console,otlp"}, hostname="h", trace_file="/tmp/x"

@@ -5,10 +5,13 @@
         async for rx in cp.events():     # lane events from the plugins
             ...
 
-``start()`` prepares ``run_dir`` (0700), listens on ``agent.sock`` (0600) and starts the
-heartbeat; the table appears at the first ``publish()``. ``close()`` removes the socket, marks the
-table "agent gone" (plugins work alone at once instead of waiting for the heartbeat to go stale)
-and ends ``events()``; it is bounded by a deadline.
+``start()`` prepares ``run_dir`` (the agent's, 0755, see :mod:`railhop.control.rundir`),
+listens on ``agent.sock`` (0600 for the agent's or the job owner's uid, 0660 for a configured
+group, 0666 for any uid) and starts the heartbeat; the table appears at the first
+``publish()``. Files the agent writes there go through :meth:`ControlPlane.write_file`.
+``close()`` removes the socket, marks the table "agent gone" (plugins work alone at once
+instead of waiting for the heartbeat to go stale) and ends ``events()``; it is bounded by a
+deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from railhop.control.layout import (
     NicHealth,
     Plans,
 )
+from railhop.control.rundir import open_run_dir, write_file
 from railhop.control.server import EventServer, PeerCred, ReceivedEvent
 from railhop.control.table import TableWriter
 
@@ -56,23 +59,10 @@ class ControlCounters:
     malformed: int
     queue_dropped: int
     malformed_by_reason: dict[str, int] = field(default_factory=dict)
-
-
-def prepare_run_dir(run_dir: Path, owner_uid: int | None) -> None:
-    """Creates ``run_dir`` 0700 (owned by ``owner_uid`` when given). Refuses a directory
-    owned by someone else or a symlink: its owner could swap the socket or the table."""
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(run_dir)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"run directory {run_dir} is not a directory (symlink?)")
-    me = os.geteuid()
-    if st.st_uid not in {me, owner_uid}:
-        raise ControlError(
-            f"run directory {run_dir} is owned by uid {st.st_uid}, not by this agent (uid {me})"
-        )
-    os.chmod(run_dir, 0o700)
-    if owner_uid is not None and st.st_uid != owner_uid:
-        os.chown(run_dir, owner_uid, -1)
+    rate_limited: int = 0
+    rate_limited_by_uid: dict[int, int] = field(default_factory=dict)
+    clamped: int = 0
+    file_write_errors: int = 0  # status.json and other run-directory files not written
 
 
 class ControlPlane:
@@ -83,26 +73,38 @@ class ControlPlane:
         heartbeat_ms: int = 250,
         owner_uid: int | None = None,
         allowed_uids: Iterable[int] = (),
+        group_gid: int | None = None,
+        any_uid: bool = False,
         max_clients: int = 256,
         queue_size: int = 4096,
+        rate_per_process: tuple[float, float] = (200.0, 1000.0),
+        rate_per_uid: tuple[float, float] = (1000.0, 5000.0),
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        """``owner_uid``: the uid the job's processes run as when the agent runs as root; the
-        run directory and the socket are given to it. Peers of uid root, the agent's own uid,
-        ``owner_uid`` and ``allowed_uids`` may send events; others are rejected."""
+        """Who may send events: root, the agent's own uid, ``owner_uid`` (the socket is given
+        to it), ``allowed_uids``, members of ``group_gid`` (the socket is 0660 of that group),
+        or, with ``any_uid``, everyone (0666). Events are attributed to the sender's uid and pid
+        and rate-limited per process and per uid (events per second, burst)."""
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.owner_uid = owner_uid
         self.heartbeat_ms = heartbeat_ms
         uids = {0, os.geteuid(), *allowed_uids}
         if owner_uid is not None:
             uids.add(owner_uid)
+        self._dir_fd: int | None = None
+        self._clock = clock
+        self.file_write_errors = 0
         self.table = TableWriter(self.run_dir / TABLE_FILE, heartbeat_ms=heartbeat_ms, clock=clock)
         self.server = EventServer(
             self.run_dir / SOCKET_FILE,
             allowed_uids=uids,
             owner_uid=owner_uid,
+            group_gid=group_gid,
+            any_uid=any_uid,
             max_clients=max_clients,
             queue_size=queue_size,
+            rate_per_process=rate_per_process,
+            rate_per_uid=rate_per_uid,
         )
         self._heartbeats = 0
         self._hb_task: asyncio.Task[None] | None = None
@@ -120,8 +122,19 @@ class ControlPlane:
     async def start(self) -> None:
         if self._started:
             return
-        prepare_run_dir(self.run_dir, self.owner_uid)
-        self.server.start()
+        self._dir_fd = open_run_dir(self.run_dir, owner_uid=self.owner_uid)
+        self.table = TableWriter(
+            self.run_dir / TABLE_FILE,
+            heartbeat_ms=self.heartbeat_ms,
+            clock=self._clock,
+            dir_fd=self._dir_fd,
+        )
+        try:
+            self.server.start()
+        except BaseException:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+            raise
         self._started = True
         if self.heartbeat_ms:
             self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="railhop-heartbeat")
@@ -144,6 +157,17 @@ class ControlPlane:
         if self._closed:
             raise ControlError("control plane is closed")
         return self.table.publish(nics, plans)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Writes ``data`` as ``name`` in the run directory (O_EXCL|O_NOFOLLOW temp file through
+        the directory's descriptor, every byte, renamed into place); OSError on failure."""
+        try:
+            if self._dir_fd is None:
+                raise OSError(9, "control plane not started")
+            write_file(self._dir_fd, name, data)
+        except OSError:
+            self.file_write_errors += 1
+            raise
 
     def heartbeat(self) -> None:
         self.table.heartbeat()
@@ -184,6 +208,10 @@ class ControlPlane:
             malformed=c.malformed,
             queue_dropped=c.queue_dropped,
             malformed_by_reason=dict(c.malformed_by_reason),
+            rate_limited=c.rate_limited,
+            rate_limited_by_uid=dict(c.rate_limited_by_uid),
+            clamped=c.clamped,
+            file_write_errors=self.file_write_errors,
         )
 
     async def close(self, timeout: float = 2.0) -> None:
@@ -200,3 +228,6 @@ class ControlPlane:
             self.table.mark_gone()
         finally:
             self.table.close()
+            if self._dir_fd is not None:
+                os.close(self._dir_fd)
+                self._dir_fd = None

@@ -1,9 +1,16 @@
 """The agent's lane-event socket: AF_UNIX SOCK_SEQPACKET, one event per message.
 
 Security and robustness:
-- the socket file is 0600 inside a 0700 run directory: only its owner (and root) can connect;
+- the socket's mode is set before it exists (umask around ``bind``): 0600 (the agent's uid, or
+  the job owner's after ``chown``), 0660 with a configured group, 0666 when any uid may send;
 - at accept the peer's credentials (SO_PEERCRED, kernel-verified) must name an allowed uid
-  (the agent's, root's, or the configured job owner); other peers are closed and counted;
+  (the agent's, root's, the configured job owner), a member of the configured group
+  (SO_PEERGROUPS), or any uid when so configured; other peers are closed and counted;
+- every event is attributed to its peer's uid and pid and rate-limited per process and per uid
+  (token buckets): a flood from one job is dropped and counted, and cannot fill the daemon's
+  queue for the others;
+- an event's ``t_ns`` is clamped to the receive time: a sender cannot date an event in the
+  future (a forged 2**62 would have frozen the NIC's state machine);
 - each message is read with a bounded buffer (MAX_MSG + 1); longer messages are truncated by
   the kernel, flagged MSG_TRUNC and dropped; malformed ones are dropped and counted by reason;
 - at most ``max_clients`` connections, each read at most ``burst`` messages per wake-up, and a
@@ -17,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import stat
 import struct
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +39,38 @@ from railhop.control.errors import ControlError, EventDecodeError
 from railhop.control.events import MAX_MSG, LaneEvent, decode_event
 
 _UCRED = struct.Struct("3i")
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
+
+
+class RateLimiter:
+    """Token buckets by key: ``rate`` events per second, bursts of ``burst``. Pure: time comes
+    in as ``now_ns``. At most ``max_keys`` buckets: when full, full buckets are forgotten."""
+
+    def __init__(self, rate: float, burst: float, *, max_keys: int = 4096) -> None:
+        if rate <= 0 or burst < 1:
+            raise ControlError(f"rate limit needs rate > 0 and burst >= 1, got {rate}/{burst}")
+        self.rate = rate
+        self.burst = burst
+        self.max_keys = max_keys
+        self._buckets: dict[object, tuple[float, int]] = {}
+
+    def allow(self, key: object, now_ns: int) -> bool:
+        tokens, last = self._buckets.get(key, (self.burst, now_ns))
+        tokens = min(self.burst, tokens + max(0, now_ns - last) * self.rate / 1e9)
+        ok = tokens >= 1
+        if ok:
+            tokens -= 1
+        if key not in self._buckets and len(self._buckets) >= self.max_keys:
+            self._prune(now_ns)
+        self._buckets[key] = (tokens, now_ns)
+        return ok
+
+    def _prune(self, now_ns: int) -> None:
+        for k, (tokens, last) in list(self._buckets.items()):
+            if tokens + max(0, now_ns - last) * self.rate / 1e9 >= self.burst:
+                del self._buckets[k]
+        while len(self._buckets) >= self.max_keys:  # all busy: drop the oldest
+            del self._buckets[min(self._buckets, key=lambda k: self._buckets[k][1])]
 
 
 @dataclass(frozen=True)
@@ -59,6 +99,9 @@ class ServerCounters:
     malformed: int = 0  # all drops for bad content, by reason below
     malformed_by_reason: Counter[str] = field(default_factory=Counter)
     queue_dropped: int = 0  # daemon too slow, queue full
+    rate_limited: int = 0  # over a per-process or per-uid rate limit
+    rate_limited_by_uid: Counter[int] = field(default_factory=Counter)
+    clamped: int = 0  # t_ns in the future: set to the receive time
 
 
 class _Client:
@@ -67,6 +110,15 @@ class _Client:
     def __init__(self, sock: socket.socket, cred: PeerCred) -> None:
         self.sock = sock
         self.cred = cred
+
+
+def peer_groups(sock: socket.socket) -> frozenset[int]:
+    """The peer's supplementary groups (SO_PEERGROUPS); empty where the kernel lacks it."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 1024)
+    except OSError:
+        return frozenset()
+    return frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
 
 
 def peer_cred(sock: socket.socket) -> PeerCred:
@@ -85,13 +137,24 @@ class EventServer:
         *,
         allowed_uids: Iterable[int],
         owner_uid: int | None = None,
+        group_gid: int | None = None,
+        any_uid: bool = False,
         max_clients: int = 256,
         queue_size: int = 4096,
         burst: int = 64,
+        rate_per_process: tuple[float, float] = (200.0, 1000.0),
+        rate_per_uid: tuple[float, float] = (1000.0, 5000.0),
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
+        """``rate_per_process`` / ``rate_per_uid``: (events per second, burst)."""
         self.path = Path(path)
         self.allowed_uids = frozenset(allowed_uids)
         self.owner_uid = owner_uid
+        self.group_gid = group_gid
+        self.any_uid = any_uid
+        self._per_pid = RateLimiter(*rate_per_process)
+        self._per_uid = RateLimiter(*rate_per_uid)
+        self._clock = clock
         self.max_clients = max_clients
         self.burst = burst
         self.counters = ServerCounters()
@@ -106,19 +169,37 @@ class EventServer:
     def clients(self) -> list[PeerCred]:
         return [c.cred for c in self._clients.values()]
 
+    @property
+    def socket_mode(self) -> int:
+        if self.any_uid:
+            return 0o666
+        return 0o660 if self.group_gid is not None else 0o600
+
     def start(self) -> None:
         """Binds and listens; must run inside the event loop. ControlError if another agent
         already listens on the path."""
         self._loop = asyncio.get_running_loop()
         self._remove_stale()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        mode = self.socket_mode
         try:
             sock.setblocking(False)
-            sock.bind(str(self.path))
-            os.chmod(self.path, 0o600)
-            if self.owner_uid is not None:
-                os.chown(self.path, self.owner_uid, -1)
-            self._ino = os.lstat(self.path).st_ino
+            old = os.umask(0o777 & ~mode)  # the socket is born with its mode: no open window
+            try:
+                sock.bind(str(self.path))
+            finally:
+                os.umask(old)
+            st = os.lstat(self.path)
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise OSError(0, "the bound path is not our socket")
+            os.chmod(self.path, mode)
+            if self.owner_uid is not None or self.group_gid is not None:
+                os.chown(
+                    self.path,
+                    self.owner_uid if self.owner_uid is not None else -1,
+                    self.group_gid if self.group_gid is not None else -1,
+                )
+            self._ino = st.st_ino
             sock.listen(128)
         except OSError as e:
             sock.close()
@@ -159,7 +240,7 @@ class EventServer:
                 conn.close()
                 self.counters.peers_rejected += 1
                 continue
-            if cred.uid not in self.allowed_uids:
+            if not self._peer_allowed(conn, cred):
                 self.counters.peers_rejected += 1
                 conn.close()
                 continue
@@ -172,6 +253,13 @@ class EventServer:
             self._clients[conn.fileno()] = client
             self.counters.clients_accepted += 1
             self._loop.add_reader(conn.fileno(), self._on_readable, client)
+
+    def _peer_allowed(self, conn: socket.socket, cred: PeerCred) -> bool:
+        if self.any_uid or cred.uid in self.allowed_uids:
+            return True
+        if self.group_gid is None:
+            return False
+        return cred.gid == self.group_gid or self.group_gid in peer_groups(conn)
 
     def _drop_client(self, client: _Client) -> None:
         fd = client.sock.fileno()
@@ -203,14 +291,27 @@ class EventServer:
         self.counters.malformed_by_reason[reason] += 1
 
     def feed(self, data: bytes, cred: PeerCred) -> None:
-        """Decodes one message from ``cred`` and queues it; never raises."""
+        """Decodes one message from ``cred`` and queues it; never raises. Over its process's or
+        its uid's rate limit the event is dropped and counted; a future ``t_ns`` becomes the
+        receive time."""
         try:
             ev = decode_event(data)
         except EventDecodeError as e:
             self._count_malformed(e.reason)
             return
+        now = self._clock()
+        # the process's bucket first: a process over its own limit does not use up its uid's
+        if not self._per_pid.allow(("pid", cred.uid, cred.pid), now) or not self._per_uid.allow(
+            ("uid", cred.uid), now
+        ):
+            self.counters.rate_limited += 1
+            self.counters.rate_limited_by_uid[cred.uid] += 1
+            return
+        if ev.t_ns > now:
+            ev = dataclasses.replace(ev, t_ns=now)
+            self.counters.clamped += 1
         try:
-            self.queue.put_nowait(ReceivedEvent(ev, cred, time.monotonic_ns()))
+            self.queue.put_nowait(ReceivedEvent(ev, cred, now))
             self.counters.events += 1
         except asyncio.QueueFull:
             self.counters.queue_dropped += 1

@@ -117,6 +117,36 @@ def format_status(
             f"{backups or '-'}"
         )
     if lanes is not None and _int(lanes.get("agent_pid")) == snap.agent_pid:
+        lines += format_agent(lanes)
         lines.append("")
         lines += format_lanes(lanes, now_ns)
     return "\n".join(lines)
+
+
+def format_agent(doc: Mapping[str, Any]) -> list[str]:
+    """The agent's privileges and its trace export's health, from ``status.json``."""
+    out: list[str] = []
+    priv = doc.get("privileges")
+    if isinstance(priv, Mapping) and priv:
+        caps = priv.get("effective") or []
+        beyond = priv.get("beyond_needed") or []
+        out.append(
+            f"privileges: uid {priv.get('uid')}, no_new_privs "
+            f"{'yes' if priv.get('no_new_privs') else 'no'}, capabilities "
+            f"{' '.join(str(c).removeprefix('CAP_').lower() for c in caps) or 'none'}"
+            + (f" (beyond what it needs: {' '.join(str(c) for c in beyond)})" if beyond else "")
+        )
+    exports = doc.get("export")
+    if isinstance(exports, list):
+        if not exports:
+            out.append("trace export: off")
+        for e in exports:
+            if not isinstance(e, Mapping):
+                continue
+            state = "ok" if e.get("healthy") else f"FAILING ({e.get('last_error') or 'error'})"
+            out.append(
+                f"trace export {e.get('exporter')} to {e.get('endpoint')}: {state}; "
+                f"{_int(e.get('ok_batches'))} batches sent, "
+                f"{_int(e.get('failed_batches'))} failed"
+            )
+    return out

@@ -16,8 +16,10 @@ never acted upon. ``heartbeat_ns`` lives outside the seqlock and is one aligned 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import stat
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +47,7 @@ from railhop.control.layout import (
     encode_header,
     encode_payload,
 )
+from railhop.control.rundir import create_temp, install
 
 _U64 = struct.Struct("<Q")
 
@@ -67,8 +70,11 @@ def proc_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int]:
 def previous_generation(path: Path) -> int:
     """Generation of the table a previous agent left at ``path`` (0 when none is readable)."""
     try:
-        with path.open("rb") as f:
-            image = f.read(TABLE_SIZE)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            image = os.pread(fd, TABLE_SIZE, 0)
+        finally:
+            os.close(fd)
         return int(check_header(image)[11])
     except (OSError, TableError):
         return 0
@@ -84,13 +90,17 @@ class TableWriter:
         heartbeat_ms: int = 250,
         clock: Callable[[], int] = time.monotonic_ns,
         proc_root: Path = Path("/proc"),
+        dir_fd: int | None = None,
     ) -> None:
+        """``dir_fd``: a descriptor of the table's directory (the run directory) to create the
+        file through; None: the directory is opened (O_NOFOLLOW) at creation."""
         if not 0 <= heartbeat_ms <= 0xFFFFFFFF:
             raise TableError(f"heartbeat_ms {heartbeat_ms} out of range")
         self.path = Path(path)
         self.heartbeat_ms = heartbeat_ms
         self._clock = clock
         self._proc_root = proc_root
+        self._dir_fd = dir_fd
         self._mm: mmap.mmap | None = None
         self._fd = -1
         self.generation = 0
@@ -184,25 +194,34 @@ class TableWriter:
         pid = os.getpid()
         ticks, pidns = proc_identity(pid, self._proc_root)
         self.generation = previous_generation(self.path) + 1
-        tmp = self.path.with_name(f".{self.path.name}.{pid}.tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # readable by the job's processes; the 0700 dir gates access
-            os.ftruncate(fd, TABLE_SIZE)
-            mm = mmap.mmap(fd, TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            mm[0:BODY_OFFSET] = encode_header(
-                agent_pid=pid,
-                agent_start_ticks=ticks,
-                agent_pidns=pidns,
-                generation=self.generation,
-                heartbeat_ns=self._clock(),
+        dfd = self._dir_fd
+        if dfd is None:
+            dfd = os.open(
+                self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             )
-            os.rename(tmp, self.path)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
+        try:
+            # a new file of a random name (O_EXCL | O_NOFOLLOW), renamed into place: never a
+            # file or symlink someone else put there
+            fd, tmp = create_temp(dfd, self.path.name, 0o644)
+            try:
+                os.ftruncate(fd, TABLE_SIZE)
+                mm = mmap.mmap(fd, TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                mm[0:BODY_OFFSET] = encode_header(
+                    agent_pid=pid,
+                    agent_start_ticks=ticks,
+                    agent_pidns=pidns,
+                    generation=self.generation,
+                    heartbeat_ns=self._clock(),
+                )
+                install(dfd, tmp, self.path.name)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
+        finally:
+            if dfd != self._dir_fd:
+                os.close(dfd)
         self._fd = fd
         self._mm = mm
 
@@ -222,27 +241,33 @@ class TableWriter:
 
 def read_table(path: Path, *, tries: int = 64) -> TableSnapshot:
     """A consistent copy of the table at ``path`` (seqlock + CRC); TableError if there is no
-    readable table, it is corrupt, or the writer kept it busy through every try."""
+    readable table, it is corrupt or truncated, or the writer kept it busy through every try.
+    Reads with pread, never a shared mapping: a table truncated under a mapping raises SIGBUS."""
     try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < TABLE_SIZE:
-                raise TableError(f"{path}: {size} bytes, want at least {TABLE_SIZE} (truncated?)")
-            with mmap.mmap(f.fileno(), TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
-                if _U64.unpack_from(mm, 0)[0] & 0xFFFFFFFF != MAGIC:
-                    raise TableError(f"{path}: bad magic, not a railhop table")
-                last: TableError | None = None
-                for _ in range(tries):
-                    s1 = _U64.unpack_from(mm, SEQ_OFFSET)[0]
-                    if s1 & 1:
-                        continue
-                    image = mm[:TABLE_SIZE]
-                    if _U64.unpack_from(mm, SEQ_OFFSET)[0] != s1:
-                        continue
-                    try:
-                        return decode_table(image)
-                    except TableError as e:
-                        last = e
-                raise TableError(f"{path}: no consistent copy in {tries} tries ({last})")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         raise TableError(f"cannot read the health table {path}: {e.strerror}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TableError(f"{path}: not a regular file")
+        last: TableError | None = None
+        for _ in range(tries):
+            image = os.pread(fd, TABLE_SIZE, 0)
+            if len(image) < TABLE_SIZE:
+                raise TableError(
+                    f"{path}: {len(image)} bytes, want at least {TABLE_SIZE} (truncated?)"
+                )
+            if _U64.unpack_from(image, 0)[0] & 0xFFFFFFFF != MAGIC:
+                raise TableError(f"{path}: bad magic, not a railhop table")
+            s1 = _U64.unpack_from(image, SEQ_OFFSET)[0]
+            if s1 & 1 or _U64.unpack(os.pread(fd, 8, SEQ_OFFSET))[0] != s1:
+                continue
+            try:
+                return decode_table(image)
+            except TableError as e:
+                last = e
+        raise TableError(f"{path}: no consistent copy in {tries} tries ({last})")
+    except OSError as e:
+        raise TableError(f"cannot read the health table {path}: {e.strerror}") from e
+    finally:
+        os.close(fd)

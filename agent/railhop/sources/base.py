@@ -10,9 +10,12 @@ says so in its records and the others carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
-from collections.abc import Callable, Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -113,13 +116,55 @@ def queue_emitter(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event]) 
     return emit
 
 
+@runtime_checkable
+class ThreadStarted(Protocol):
+    """A source whose start blocks for long (eBPF: trial child + bcc compile, seconds to
+    minutes): :class:`Registry` runs ``start_sync`` in a thread of its own and, should the
+    registry close meanwhile, undoes the start there with ``stop_sync``."""
+
+    def start_sync(self, emit: Emit) -> list[Capability]: ...
+
+    def stop_sync(self) -> None: ...
+
+
+@runtime_checkable
+class LoopBound(Protocol):
+    """A source that delivers its events on the registry's loop (call before starting it)."""
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+
+def starts_slowly(source: Source) -> bool:
+    """Kernel-hook sources (``ebpf.*``: trial child + compile) start in the background."""
+    return source.name.startswith("ebpf.")
+
+
+StartedHook = Callable[[Source, list[Capability]], None]
+
+
 class Registry:
-    """The set of sources of one agent, by unique name; starts and stops them together."""
+    """The set of sources of one agent, by unique name, and their one lifecycle.
+
+    Two ways to start them, one way to stop them:
+
+    - :meth:`start_all` starts every source in registration order and reports a source that
+      raised as one ``skipped: error`` record (the capability report);
+    - :meth:`start` starts the quick sources now and the slow ones (:func:`starts_slowly`) one
+      after another in a background task, each in a daemon thread of its own when it is
+      :class:`ThreadStarted` (unlike ``asyncio.to_thread``, a stuck compile never delays the
+      process's exit); :attr:`ready` is set once every source started or was given up (the
+      agent, whose loop serves events and heartbeats meanwhile);
+    - :meth:`stop_all` stops the background start-up, then every started source in reverse
+      order, within one deadline; a start that finishes after it began is undone in its thread.
+    """
 
     def __init__(self, sources: Iterable[Source] = (), log_capabilities: bool = True) -> None:
         self._log = log_capabilities
         self._sources: dict[str, Source] = {}
         self._started: list[Source] = []
+        self._closing = threading.Event()
+        self._bg_start: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()  # every source started or given up
         for s in sources:
             self.add(s)
 
@@ -140,6 +185,14 @@ class Registry:
     def get(self, name: str) -> Source:
         return self._sources[name]
 
+    def sources(self) -> list[Source]:
+        """Every registered source, in registration order."""
+        return list(self._sources.values())
+
+    def started(self) -> list[Source]:
+        """The sources started so far, in start order."""
+        return list(self._started)
+
     async def start_all(self, emit: Emit) -> list[Capability]:
         """Start every source in registration order. A source that raises is reported as one
         ``skipped: error`` record; the others still start."""
@@ -154,14 +207,117 @@ class Registry:
             for c in caps if self._log else ():  # each hook says once how it fared
                 (log.info if c.attached else log.warning)("%s", c.line())
             report.extend(caps)
+        self.ready.set()
         return report
 
+    async def start(
+        self,
+        emit: Emit,
+        on_started: StartedHook,
+        *,
+        quick_timeout_s: float = 30.0,
+        slow_timeout_s: float = 180.0,
+    ) -> None:
+        """Start the quick sources now (each within ``quick_timeout_s``) and the slow ones in
+        the background (each within ``slow_timeout_s``); ``on_started(source, records)`` runs
+        on the loop for each source that started. A source that raises or times out is logged
+        and left out; the others carry on."""
+        slow = [s for s in self._sources.values() if starts_slowly(s)]
+        for s in self._sources.values():
+            if s in slow:
+                continue
+            try:
+                caps = await asyncio.wait_for(s.start(emit), quick_timeout_s)
+            except Exception as e:
+                log.warning("source %s failed to start: %s", s.name, e)
+                continue
+            self._up(s, caps, on_started)
+        if slow:
+            self._bg_start = asyncio.create_task(
+                self._start_slow(slow, emit, on_started, slow_timeout_s), name="railhop-ebpf-start"
+            )
+        else:
+            self.ready.set()
+
+    def _up(self, s: Source, caps: list[Capability], on_started: StartedHook) -> None:
+        self._started.append(s)
+        for c in caps if self._log else ():
+            (log.info if c.attached else log.warning)("%s", c.line())
+        on_started(s, caps)
+
+    async def _start_slow(
+        self, slow: Sequence[Source], emit: Emit, on_started: StartedHook, timeout_s: float
+    ) -> None:
+        try:
+            for s in slow:
+                t0 = time.monotonic()
+                try:
+                    caps = await asyncio.wait_for(self._start_in_thread(s, emit), timeout_s)
+                except Exception as e:
+                    log.warning("source %s failed to start: %s", s.name, e or type(e).__name__)
+                    continue
+                if self._closing.is_set():
+                    return
+                log.info("source %s started in %.1f s", s.name, time.monotonic() - t0)
+                self._up(s, caps, on_started)
+        finally:
+            self.ready.set()
+
+    def _start_in_thread(self, s: Source, emit: Emit) -> asyncio.Future[list[Capability]]:
+        """``s.start_sync`` in a daemon thread; a start that finishes after :meth:`stop_all`
+        began is undone in that thread."""
+        if not isinstance(s, ThreadStarted):
+            return asyncio.ensure_future(s.start(emit))
+        loop = asyncio.get_running_loop()
+        if isinstance(s, LoopBound):  # eBPF: records are read on this loop, next to netlink's
+            s.bind_loop(loop)
+        fut: asyncio.Future[list[Capability]] = loop.create_future()
+
+        def deliver(res: list[Capability] | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(res or [])
+
+        def work() -> None:
+            res: list[Capability] | None = None
+            exc: BaseException | None = None
+            try:
+                res = list(s.start_sync(emit))
+            except Exception as e:
+                exc = e
+            if self._closing.is_set():
+                _stop_quietly(s)
+                return
+            try:
+                loop.call_soon_threadsafe(deliver, res, exc)
+            except RuntimeError:  # the loop is gone
+                _stop_quietly(s)
+
+        threading.Thread(target=work, name=f"rh-start-{s.name}", daemon=True).start()
+        return fut
+
     async def stop_all(self, timeout_s: float = 5.0) -> None:
-        """Stop started sources in reverse order, each within ``timeout_s``; errors are swallowed
-        (shutdown must finish)."""
+        """Stop the background start-up (at most 1 s), then the started sources in reverse
+        order, all within ``timeout_s`` (each gets what is left, at least 0.1 s); a source that
+        fails or hangs is logged and left behind (shutdown must finish)."""
+        t0 = time.monotonic()
+        self._closing.set()
+        if self._bg_start is not None and not self._bg_start.done():
+            self._bg_start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._bg_start, 1.0)
         while self._started:
             s = self._started.pop()
+            left = max(0.1, timeout_s - (time.monotonic() - t0))
             try:
-                await asyncio.wait_for(s.stop(), timeout_s)
-            except Exception:
-                continue
+                await asyncio.wait_for(s.stop(), left)
+            except Exception as e:
+                log.warning("source %s did not stop cleanly: %s", s.name, e or type(e).__name__)
+
+
+def _stop_quietly(s: ThreadStarted) -> None:
+    with contextlib.suppress(Exception):
+        s.stop_sync()

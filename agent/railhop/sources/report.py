@@ -8,12 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from railhop.sources.base import Capability, Registry, Source
-from railhop.sources.ebpf import CarrierSource, RdmaDriverSource, TcpLaneSource
+from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event
-from railhop.sources.netlink import NetlinkSource
-from railhop.sources.sysfs import SysfsCounterSource
-from railhop.sources.usdt import UsdtSource
-from railhop.sources.verbs import VerbsSource
 
 
 def default_sources(
@@ -23,19 +19,17 @@ def default_sources(
     netns: str | None = None,
     root: str = "/",
 ) -> list[Source]:
-    """The agent's standard set of sources, in start order (kernel hooks first)."""
-    names = set(ifnames) if ifnames else None
-    out: list[Source] = [
-        CarrierSource(ifnames=names, root=root),
-        TcpLaneSource(root=root),
-        RdmaDriverSource(root=root),
-        NetlinkSource(ifnames=names, netns=netns),
-        SysfsCounterSource(thresholds or {}, ifnames=list(ifnames or []), root=root),
-        VerbsSource(root=root),
-    ]
-    if plugin_lib is not None:
-        out.append(UsdtSource(plugin_lib, root=root))
-    return out
+    """Every source of the catalogue (:mod:`railhop.sources.catalogue`), in start order
+    (kernel hooks first)."""
+    return build_sources(
+        SourceOptions(
+            ifnames=ifnames,
+            thresholds=thresholds or {},
+            root=root,
+            netlink_netns=netns,
+            plugin_lib=plugin_lib,
+        )
+    )
 
 
 async def check_async(sources: Sequence[Source], timeout_s: float = 180.0) -> list[Capability]:

@@ -26,6 +26,7 @@ from railhop.tracing.assembler import (
     Signal,
     StateChange,
 )
+from railhop.tracing.health import ExportHealth, TrackedExporter, throttle_sdk_logs
 from railhop.tracing.otlp import otlp_json, resource_attributes
 from railhop.tracing.spans import SCOPE_NAME, SpanDesc, TracingError, epoch_offset_ns
 
@@ -176,14 +177,26 @@ def exporter_names(env: Mapping[str, str]) -> list[str]:
     return names
 
 
+def _otlp_endpoint(env: Mapping[str, str]) -> str:
+    return (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "http://localhost:4318 (the SDK's default)"
+    ).strip()
+
+
 def sinks_from_env(
     env: Mapping[str, str] | None = None,
     *,
     trace_file: Path | str | None = None,
     hostname: str | None = None,
+    health: list[ExportHealth] | None = None,
 ) -> tuple[list[TraceSink], dict[str, str | int]]:
     """The sinks the standard variables ask for (plus an OTLP/JSON file when ``trace_file`` is
-    given) and the resource attributes. TracingError for a bad configuration."""
+    given) and the resource attributes. TracingError for a bad configuration. Each OTLP
+    exporter is wrapped to record its results: one :class:`ExportHealth` per exporter is
+    appended to ``health``; the SDK's failure messages are throttled (once, then once a
+    minute)."""
     env = os.environ if env is None else env
     resource = resource_attributes(env, hostname or socket.gethostname(), os.getpid())
     sinks: list[TraceSink] = []
@@ -197,7 +210,12 @@ def sinks_from_env(
 
                 processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
             else:
-                processors.append(BatchSpanProcessor(_otlp_exporter(env)))
+                throttle_sdk_logs()
+                h = ExportHealth("otlp", _otlp_endpoint(env))
+                if health is not None:
+                    health.append(h)
+                tracked: Any = TrackedExporter(_otlp_exporter(env), h)  # duck-types SpanExporter
+                processors.append(BatchSpanProcessor(tracked))
         if processors:
             sinks.append(OtelSink(processors, resource))
     if trace_file is not None:

@@ -4,9 +4,10 @@
  * agent/railhop/control/layout.py mirrors this file and a test compares every offset) and the
  * plugin (C, plugin/src/ctl.c).
  *
- * Two channels live in $RAILHOP_RUN_DIR (default /run/railhop, mode 0700):
+ * Two channels live in $RAILHOP_RUN_DIR (default /run/railhop, the agent's, mode 0755):
  *
- * 1. health.tbl - the health table, written by the agent, mmapped read-only by every plugin.
+ * 1. health.tbl - the health table, written by the agent (mode 0644), read by every plugin with
+ *    pread() into its own memory (a shared mapping of a truncated file would raise SIGBUS).
  *    Layout (all integers little-endian, every struct fixed-width with explicit padding):
  *
  *        offset  size   what
@@ -29,9 +30,10 @@
  *      CLOCK_MONOTONIC every body.heartbeat_ms; a reader that sees it older than its stale
  *      limit treats the agent as gone and works alone.
  *
- * 2. agent.sock - an AF_UNIX SOCK_SEQPACKET socket (mode 0600) where plugins send lane events,
- *    one struct rh_lane_event per message. The agent checks SO_PEERCRED at accept and drops
- *    messages that are not exactly a valid event.
+ * 2. agent.sock - an AF_UNIX SOCK_SEQPACKET socket (mode 0600, 0660 of a configured group, or
+ *    0666) where plugins send lane events, one struct rh_lane_event per message. The agent
+ *    checks SO_PEERCRED at accept, rate-limits per process and uid, clamps t_ns to its receive
+ *    time and drops messages that are not exactly a valid event.
  */
 #ifndef RAILHOP_CTL_TABLE_H
 #define RAILHOP_CTL_TABLE_H

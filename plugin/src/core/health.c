@@ -142,6 +142,11 @@ const char *rh_run_dir(void)
 	return rh_param.RUN_DIR;
 }
 
+int64_t rh_agent_uid(void)
+{
+	return rh_param.AGENT_UID;
+}
+
 void rh_health_poll_carrier(void)
 {
 	static bool down_by_carrier[RH_MAX_NICS];

@@ -27,6 +27,7 @@ void rh_nic_suspect(int nic);
 int rh_nic_count(void);
 const char *rh_nic_name(int nic); /* "" for an unknown index */
 const char *rh_run_dir(void); /* RAILHOP_RUN_DIR: where the agent's table and socket live */
+int64_t rh_agent_uid(void); /* RAILHOP_AGENT_UID: the agent's uid when not root (0: unset) */
 
 /* Lane event types (same values as enum rh_lane_event_type in railhop/ctl_table.h). */
 enum {

@@ -1,6 +1,6 @@
 """An emulated multi-rail fabric built from network namespaces (tests, the demo, benchmarks).
 
-Layout (DESIGN.md section 4, the fabric contract in CONTRACTS.md)::
+Layout::
 
     netns <prefix>n0            netns <prefix>sp                 netns <prefix>n1
     nic0 10.77.0.1 ─ veth ─ n0nic0 ┐                    ┌ n1nic0 ─ veth ─ nic0 10.77.0.2
@@ -52,6 +52,8 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, TypeVar
 
 from pyroute2 import NetNS, netns
+
+from railhop.procs import pid_alive
 
 NETNS_DIR = Path("/var/run/netns")
 STATE_DIR = Path("/run/railhop-fabric")
@@ -312,16 +314,6 @@ def _brport_set_state(ns_name: str, ifindex: int, state: int) -> None:
     in_netns(ns_name, body)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_netns(name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         netns.remove(name)
@@ -347,7 +339,7 @@ def remove_stale(state_dir: Path = STATE_DIR) -> list[str]:
             pid = int(f.read_text().strip() or "0")
         except (OSError, ValueError):
             pid = 0
-        if pid and _pid_alive(pid):
+        if pid and pid_alive(pid):
             continue
         removed += remove_prefix(f.stem)
         with contextlib.suppress(FileNotFoundError):
@@ -552,10 +544,10 @@ class Fabric:
             owner = 0
         with _live_lock:
             in_use = any(f.prefix == self.prefix and f is not self for f in _live)
-        if in_use or (owner and owner != os.getpid() and _pid_alive(owner)):
+        if in_use or (owner and owner != os.getpid() and pid_alive(owner)):
             raise FabricError(
                 f"prefix {self.prefix!r} is used by live process {owner}; pick another "
-                "(railhop.fabric.unique_prefix())"
+                "(railhop_lab.fabric.unique_prefix())"
             )
         remove_prefix(self.prefix)
         tmp = pidfile.with_suffix(f".tmp{os.getpid()}")

@@ -1,8 +1,11 @@
 """Drive the ``railhop-harness`` C program (an ncclNet driver) on two nodes of the emulated fabric.
 
-The harness contract is in CONTRACTS.md: the receiver listens and writes connection handles into a
-rendezvous directory, the sender connects, both move messages whose every byte is checked, and
-both print JSON lines (``progress`` every ``--interval-ms``, one ``summary`` at the end).
+The harness (``plugin/tools/harness.c``; its options: ``railhop-harness`` without arguments
+prints them): the receiver listens and writes connection handles into a rendezvous directory,
+the sender connects, both move messages whose every byte is checked, and both print JSON lines
+(``progress`` every ``--interval-ms``, one ``summary`` at the end); the exit status is 0 on
+success, :data:`EXIT_DEADLINE` when ``--deadline`` passed. :func:`build_argv` builds the command
+line, :class:`Progress` and :class:`Summary` are the JSON lines as this module reads them.
 
 This module builds the command lines (pure), parses the JSON lines into dataclasses (pure), and
 runs a send/recv pair inside fabric nodes with a deadline on every wait.
@@ -26,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from railhop import paths
 
 if TYPE_CHECKING:
-    from railhop.fabric import Fabric
+    from railhop_lab.fabric import Fabric
 
 Role = Literal["send", "recv"]
 

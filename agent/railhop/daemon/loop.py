@@ -1,0 +1,705 @@
+"""The agent's loop: one asyncio process that moves data between the sources, the plugins'
+lane events, the health model, the planner and the published table (see :mod:`railhop.daemon`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from railhop import health, tracing
+from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
+from railhop.control.status import STATUS_FILE
+from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
+from railhop.daemon.lanes import LaneBook, status_bytes
+from railhop.daemon.privileges import drop_capabilities, privileges
+from railhop.daemon.publish import decisions, to_published
+from railhop.daemon.translate import (
+    BAD_KINDS,
+    BurstGuard,
+    UsdtLaneTranslator,
+    aliases,
+    health_event_from_lane,
+    health_event_from_source,
+    ifname_of,
+)
+from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
+from railhop.policy import Plan, Policy, default_policy, load_policy, plan
+from railhop.procs import netns_ino
+from railhop.sources.base import Capability, Registry, Source
+from railhop.sources.catalogue import SourceOptions, build_sources
+from railhop.sources.events import Event as SourceEvent
+from railhop.sources.events import PluginLaneEvent
+from railhop.topology import Topology, read_topology
+from railhop.tracing.health import ExportHealth
+
+log = logging.getLogger("railhop.agent")
+
+
+@runtime_checkable
+class PortMapped(Protocol):
+    """A source that watches the plugins' lane sockets by local port (the eBPF TCP probe)."""
+
+    def add_port(self, port: int, remote: bool = False) -> None: ...
+
+    def remove_port(self, port: int) -> None: ...
+
+
+@runtime_checkable
+class LaneStatsSource(Protocol):
+    """A source with per-lane bytes and latency (the plugin's USDT probes)."""
+
+    def lane_stats(self) -> Sequence[Any]: ...
+
+
+TopologyReader = Callable[[Path, Sequence[str]], Topology]
+PolicyLoader = Callable[[Path], Policy]
+Planner = Callable[[Topology, Mapping[str, health.NicState], Policy], Plan]
+SourceFactory = Callable[[AgentConfig, Topology, Policy], list[Source]]
+Inbound = SourceEvent | ReceivedEvent  # what the loop's inbox carries
+
+
+def _read_topology(root: Path, nics: Sequence[str]) -> Topology:
+    return read_topology(root, netdevs=nics)
+
+
+AGENT_GROUPS = frozenset({"netlink", "sysfs", "ebpf"})  # what ``--sources`` may name
+
+
+def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list[Source]:
+    """The catalogue's sources (:mod:`railhop.sources.catalogue`) of the groups
+    ``config.sources`` names, for the managed netdevs: netlink link events, sysfs counters (when
+    the policy sets thresholds), the eBPF carrier and TCP-lane probes (kept to this agent's
+    netns: kernel hooks see every netns), and the plugin's USDT probes when ``usdt_lib`` is
+    set. A source whose module cannot be imported is logged and left out. The RDMA/driver and
+    verbs groups are in the capability report only: the agent does not start them."""
+    groups = set(config.sources) & AGENT_GROUPS
+    if not policy.health.counters:
+        groups.discard("sysfs")
+    if config.usdt_lib is not None:
+        groups.add("usdt")
+    options = SourceOptions(
+        ifnames=[ifname_of(n) for n in topo.nics],
+        thresholds=dict(policy.health.counters),
+        counters_root=str(config.sys_root),
+        hooks_netns="self",
+        plugin_lib=config.usdt_lib,
+    )
+    return build_sources(options, groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass
+class AgentStats:
+    source_events: int = 0
+    lane_events: int = 0
+    transitions: int = 0
+    publishes: int = 0
+    policy_reloads: int = 0
+    policy_errors: int = 0
+    ignored_events: int = 0
+    status_write_errors: int = 0
+    metrics_bind_failures: int = 0
+    last_transitions: list[health.Transition] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        topology_reader: TopologyReader = _read_topology,
+        policy_loader: PolicyLoader = load_policy,
+        planner: Planner = plan,
+        source_factory: SourceFactory = default_sources,
+        clock: Callable[[], int] = time.monotonic_ns,
+        tracer: tracing.FailoverTracer | None = None,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        """``tracer``/``metrics``: given ones are used as they are; otherwise they are built
+        from ``config`` (``traces``/``trace_file``, ``metrics_port``) and the process's
+        ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves)."""
+        self.config = with_absolute_paths(config)  # libbcc changes the cwd while it compiles
+        self._read_topology = topology_reader
+        self._load_policy = policy_loader
+        self._plan = planner
+        self._source_factory = source_factory
+        self._clock = clock
+        self.stats = AgentStats()
+        self.policy = default_policy()
+        self._policy_mtime: float | None = None
+        self.topology: Topology | None = None
+        self.model: health.HealthModel | None = None
+        self.control: ControlPlane | None = None
+        self.sources = Registry(log_capabilities=False)  # logged at INFO by _source_up
+        self._inbox: asyncio.Queue[Inbound] = asyncio.Queue(8192)
+        self._stop = asyncio.Event()
+        self._alias: dict[str, str] = {}
+        self._dirty = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.tracer = tracer
+        self.metrics = metrics
+        self.metrics_server: MetricsServer | None = None
+        self._usdt: UsdtLaneTranslator | None = None
+        self._socket_lane_pids: set[int] = set()  # plugins that report on agent.sock
+        self._netns_ino = netns_ino(os.getpid())
+        self._same_netns: dict[int, bool] = {}
+        self.lanes = LaneBook()
+        self._burst = BurstGuard()
+        self._status_dirty = True
+        self._status_next = 0.0
+        self._reload_now = False
+        self.export_health: list[ExportHealth] = []  # one per OTLP exporter
+        self._export_seen: tuple[tuple[int, int], ...] = ()
+        self._wake = asyncio.Event()
+        self._metrics_retry: asyncio.Task[None] | None = None
+
+    def _now(self) -> float:
+        return self._clock() / 1e9
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: re-read the policy file now (even when its mtime did not change)."""
+        self._policy_mtime = None
+        self._reload_now = True
+        self._wake.set()
+
+    # -- setup
+
+    def _load_initial_policy(self) -> None:
+        path = self.config.policy_path
+        if path is None:
+            return
+        self.policy = self._load_policy(path)  # invalid at start: the caller exits 2
+        self._policy_mtime = _mtime(path)
+        log.info("policy %s loaded from %s", self.policy.name, path)
+
+    def _maybe_reload_policy(self) -> None:
+        path = self.config.policy_path
+        if path is None:
+            return
+        mtime = _mtime(path)
+        if mtime == self._policy_mtime:
+            return
+        self._policy_mtime = mtime
+        try:
+            new = self._load_policy(path)
+        except Exception as e:  # keep the last good policy
+            self.stats.policy_errors += 1
+            log.warning("policy %s is invalid, keeping %s: %s", path, self.policy.name, e)
+            return
+        self.policy = new
+        self.stats.policy_reloads += 1
+        self._dirty = True
+        if self.model is not None:
+            self.model = health.HealthModel(new.health.params, self.model.nics)
+        log.info("policy reloaded from %s", path)
+
+    def _setup_model(self) -> None:
+        topo = self._read_topology(self.config.sys_root, self.config.nics)
+        if self.config.nics:
+            wanted = set(self.config.nics)
+            topo = _only(topo, wanted)
+        source = self.config.nics_from or ("--nic" if self.config.nics else "auto-detection")
+        if not topo.nics:
+            raise AgentError(
+                f"no NIC to manage (NICs from {source}: "
+                f"{','.join(self.config.nics) or 'none found'}; check --nic / RAILHOP_NICS / "
+                "the sysfs root)"
+            )
+        log.info("managing NICs %s (from %s)", ",".join(ifname_of(n) for n in topo.nics), source)
+        self.topology = topo
+        self._alias = aliases(topo)
+        names = [ifname_of(n) for n in topo.nics]
+        self.model = health.HealthModel.create(
+            names,
+            self._now(),
+            self.policy.health.params,
+            link_up={ifname_of(n): n.link_up for n in topo.nics},
+        )
+
+    def _setup_telemetry(self) -> None:
+        """Metrics registry + endpoint and the failover tracer, as configured. A bad OTEL_*
+        configuration or a busy port is an AgentError (exit 2); export failures later are not."""
+        assert self.model is not None
+        cfg = self.config
+        names = list(self.model.nics)
+        if self.metrics is None and cfg.metrics_port is not None:
+            self.metrics = AgentMetrics(nics=names, sys_root=cfg.sys_root)
+        if self.metrics is not None:
+            self.metrics.set_nics(names)
+            for nic, h in self.model.nics.items():
+                self.metrics.nic_state_changed(nic, h.state.value)
+        if self.tracer is None and (cfg.traces or cfg.trace_file is not None):
+            try:
+                sinks, _res = tracing.sinks_from_env(
+                    os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"},
+                    trace_file=cfg.trace_file,
+                    health=self.export_health,
+                )
+            except tracing.TracingError as e:
+                raise AgentError(str(e)) from e
+            self.tracer = tracing.FailoverTracer(
+                sinks, offset_ns=tracing.epoch_offset_ns(mono=self._clock)
+            )
+        if self.tracer is not None and self.metrics is not None:
+            self.tracer.observers.append(self.metrics.observe_spans)
+            self.metrics.set_tracer(self.tracer)
+        if self.metrics is not None and cfg.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
+            if not self._start_metrics_server():
+                # a busy port (another agent, a stale scrape proxy) must not stop the node's
+                # failover: keep running and try again in the background
+                self._metrics_retry = asyncio.ensure_future(self._retry_metrics_server())
+
+    def _start_metrics_server(self) -> bool:
+        assert self.metrics_server is not None
+        cfg = self.config
+        try:
+            port = self.metrics_server.start()
+        except MetricsError as e:
+            self.stats.metrics_bind_failures += 1
+            if self.stats.metrics_bind_failures == 1:
+                log.warning(
+                    "%s: running without metrics, retrying every %.0f s",
+                    e,
+                    cfg.metrics_retry_s,
+                )
+            return False
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+        return True
+
+    async def _retry_metrics_server(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.config.metrics_retry_s)
+            if self._stop.is_set() or self._start_metrics_server():
+                return
+
+    # -- the work
+
+    def _publish(self) -> None:
+        assert self.model is not None and self.topology is not None and self.control is not None
+        t0 = self._clock()
+        result = self._plan(self.topology, self.model.states, self.policy)
+        nics, plans = to_published(self.model, self.topology, result)
+        self.control.publish(nics, plans)
+        self.stats.publishes += 1
+        self._dirty = False
+        for w in result.warnings:
+            log.debug("plan: %s", w)
+        if self.tracer is not None:
+            for d in decisions(self.topology, result, self.policy.name, t0, self._clock()):
+                self.tracer.decision(d)
+
+    def _apply(self, ev: health.Event) -> None:
+        assert self.model is not None
+        try:
+            self.model, tr = self.model.apply(ev)
+        except health.HealthError as e:
+            self.stats.ignored_events += 1
+            log.debug("ignored %s: %s", ev, e)
+            return
+        if tr is not None:
+            self._transition(tr)
+
+    def _transition(self, tr: health.Transition) -> None:
+        self.stats.transitions += 1
+        self.stats.last_transitions = [*self.stats.last_transitions[-31:], tr]
+        self._dirty = True
+        log.info("%s: %s -> %s (%s)", tr.nic, tr.old.value, tr.new.value, tr.reason)
+        if self.metrics is not None:
+            self.metrics.transition(tr.nic, tr.new.value)
+        if self.tracer is not None:
+            t_ns = round(tr.t * 1e9)
+            self.tracer.transition(
+                tracing.StateChange(
+                    tr.nic, tr.old.value, tr.new.value, tr.reason, t_ns, max(t_ns, self._clock())
+                )
+            )
+
+    def _handle(self, item: Inbound) -> None:
+        match item:
+            case ReceivedEvent():
+                hev = self._lane_event(item)
+            case PluginLaneEvent():
+                self.stats.source_events += 1
+                self._usdt_lane_event(item)
+                return
+            case _:
+                self.stats.source_events += 1
+                hev = self._source_event(item)
+        if hev is None:
+            self.stats.ignored_events += 1
+        else:
+            self._apply(hev)
+
+    def _source_event(self, ev: SourceEvent) -> health.Event | None:
+        hev = health_event_from_source(ev, self._alias, self.lanes.port_nic)
+        if hev is not None and hev.kind in ("carrier_down", "carrier_up"):
+            # rare: which source saw it first is worth a line (eBPF runs ahead of netlink)
+            log.info(
+                "%s: %s from %s (%s) ts_ns %d, %.3f ms ago",
+                hev.nic,
+                hev.kind,
+                ev.source,
+                ev.hook or "-",
+                ev.ts_ns,
+                (self._clock() - ev.ts_ns) / 1e6,
+            )
+        if hev is not None and hev.kind in BAD_KINDS and self.tracer is not None:
+            self.tracer.signal(
+                tracing.Signal(
+                    hev.nic,
+                    ev.source or type(ev).__name__,
+                    hev.kind,
+                    ev.ts_ns,
+                    self._clock(),
+                    ev.hook,
+                )
+            )
+        return hev
+
+    def _lane_event(self, rx: ReceivedEvent) -> health.Event | None:
+        self.stats.lane_events += 1
+        pid = rx.peer.pid
+        # the reporter, as the kernel names it (SO_PEERCRED): the health model wants two of
+        # them (or a kernel signal) before a lane signal takes a NIC down node-wide
+        hev = health_event_from_lane(
+            rx.event, self._alias, source=f"uid {rx.peer.uid} pid {rx.peer.pid}"
+        )
+        if hev is not None:
+            hev = self._burst.filter(hev, pid)
+        self._book_lane(rx.event, pid)
+        if rx.event.type is not EventType.LANE_TIMEOUT:
+            self._socket_lane_pids.add(pid)
+        if self.metrics is not None:
+            self.metrics.lane_event(rx.event, pid)
+        if self.tracer is not None:  # before the health model: the signal opens the span
+            self.tracer.lane_event(rx.event, pid, self._clock())
+        return hev
+
+    def _book_lane(self, ev: LaneEvent, pid: int) -> None:
+        """Lane bookkeeping for status.json and the TCP probe's port map."""
+        added, removed = self.lanes.update(ev, pid)
+        if ev.type is not EventType.LANE_TIMEOUT or removed:
+            self._status_dirty = True
+        if not added and not removed:
+            return
+        for src in self.sources.sources():
+            if not isinstance(src, PortMapped):
+                continue
+            try:
+                for port in added:
+                    src.add_port(port)
+                for port in removed:
+                    src.remove_port(port)
+            except Exception as e:  # a map update must not stop the loop
+                log.debug("TCP probe port map: %s", e)
+
+    def _status_doc(self) -> dict[str, Any]:
+        doc = self.lanes.status(agent_pid=os.getpid(), now_ns=self._clock())
+        doc["export"] = [h.as_dict() for h in self.export_health]
+        doc["privileges"] = privileges()
+        return doc
+
+    def _maybe_write_status(self, now: float) -> None:
+        seen = tuple((h.ok_batches, h.failed_batches) for h in self.export_health)
+        if seen != self._export_seen:
+            self._export_seen = seen
+            self._status_dirty = True
+        if not self._status_dirty or now < self._status_next or self.control is None:
+            return
+        self._status_dirty = False
+        self._status_next = now + self.config.status_interval_s
+        try:
+            self.control.write_file(STATUS_FILE, status_bytes(self._status_doc()))
+        except OSError as e:  # counted by the control plane (railhop_control_file_write_errors)
+            self.stats.status_write_errors += 1
+            log.warning("cannot write %s in %s: %s", STATUS_FILE, self.control.run_dir, e)
+
+    def _usdt_lane_event(self, ev: PluginLaneEvent) -> None:
+        """A plugin USDT probe: a lane event for traces and metrics (not for the health
+        model), from plugins of this node's netns that do not report on agent.sock."""
+        if self.tracer is None and self.metrics is None:
+            return
+        pid = ev.pid
+        if pid in self._socket_lane_pids or not self._in_my_netns(pid):
+            return
+        if self._usdt is None:
+            self._usdt = UsdtLaneTranslator(self.config.plugin_nics)
+        le = self._usdt.translate(ev)
+        if le is None:
+            return
+        if self.metrics is not None:
+            self.metrics.lane_event(le, pid)
+        if self.tracer is not None:
+            self.tracer.lane_event(le, pid, self._clock())
+
+    def _in_my_netns(self, pid: int) -> bool:
+        same = self._same_netns.get(pid)
+        if same is None:
+            ino = netns_ino(pid)
+            same = ino is None or self._netns_ino is None or ino == self._netns_ino
+            if len(self._same_netns) > 4096:
+                self._same_netns.clear()
+            self._same_netns[pid] = same
+        return same
+
+    def _emit_source(self, ev: SourceEvent) -> None:
+        """Emit callback for sources: safe from any thread; a full inbox drops (counted)."""
+        loop = self._loop
+        if loop is None:
+            return
+
+        def put() -> None:
+            try:
+                self._inbox.put_nowait(ev)
+            except asyncio.QueueFull:
+                self.stats.ignored_events += 1
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            put()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(put)
+
+    async def _pump_lane_events(self) -> None:
+        assert self.control is not None
+        async for rx in self.control.events():
+            with contextlib.suppress(asyncio.QueueFull):
+                self._inbox.put_nowait(rx)
+
+    async def run(self) -> int:
+        """Runs until a stop request, a signal or ``duration_s``; returns the exit status."""
+        self._loop = asyncio.get_running_loop()
+        # first: a SIGTERM/SIGINT/SIGHUP during start-up must reach the clean-up below, not
+        # kill the process with the table still reading "alive"
+        installed = _install_signals(self._loop, self.request_stop, self.request_reload)
+        try:
+            return await self._run()
+        finally:
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        assert self._loop is not None
+        self._load_initial_policy()
+        self._setup_model()
+        cfg = self.config
+        self.control = ControlPlane(
+            cfg.run_dir,
+            heartbeat_ms=cfg.heartbeat_ms,
+            owner_uid=cfg.owner_uid,
+            group_gid=cfg.socket_gid,
+            any_uid=cfg.socket_any_uid,
+        )
+        await self.control.start()
+        try:
+            self._setup_telemetry()
+        except BaseException:
+            await self.control.close(timeout=1.0)
+            raise
+        if self.metrics is not None:
+            self.metrics.set_control(lambda: self.control.counters if self.control else None)
+        if self.config.usdt_lib is not None:
+            nics = list(self.config.plugin_nics)
+            if not nics:
+                try:  # pyroute2's sync API runs its own loop: not on this one
+                    nics = await asyncio.to_thread(plugin_nic_order)
+                except Exception as e:
+                    log.warning("cannot list this netns's NICs for USDT lane events: %s", e)
+            self._usdt = UsdtLaneTranslator(nics)
+            log.info("USDT lane events: plugin NIC order %s", ",".join(nics) or "unknown")
+        pump = asyncio.create_task(self._pump_lane_events(), name="railhop-lane-events")
+        dropper: asyncio.Task[None] | None = None
+        try:
+            self._publish()
+            await self._start_sources()
+            if cfg.drop_capabilities:
+                dropper = asyncio.create_task(self._drop_capabilities(), name="railhop-caps")
+            await self._loop_until_stopped()
+        finally:
+            if dropper is not None:
+                dropper.cancel()
+            await self._shutdown(pump)  # marks the table gone, whatever ended the loop
+        return 0
+
+    async def _drop_capabilities(self) -> None:
+        """Once every source has started (probes attached or given up), the loop thread keeps
+        only what it still needs (:mod:`railhop.daemon.privileges`)."""
+        await self.sources.ready.wait()
+        keep = {"CAP_SYS_PTRACE"} if self.config.usdt_lib is not None else set()
+        try:
+            dropped = drop_capabilities(keep)
+        except OSError as e:
+            log.warning("cannot drop capabilities: %s", e)
+            return
+        if dropped:
+            log.info(
+                "probes attached: dropped %s; keeping %s",
+                " ".join(dropped),
+                " ".join(sorted(keep)) or "no capability",
+            )
+        self._status_dirty = True
+
+    @property
+    def sources_ready(self) -> asyncio.Event:
+        """Set once every source started or was given up."""
+        return self.sources.ready
+
+    async def _start_sources(self) -> None:
+        """Starts the quick sources now; eBPF ones (trial child + bcc compile: seconds to
+        minutes) start in the background while the loop already serves events and heartbeats."""
+        assert self.topology is not None
+        for s in self._source_factory(self.config, self.topology, self.policy):
+            self.sources.add(s)
+        await self.sources.start(
+            self._emit_source, self._source_up, slow_timeout_s=self.config.ebpf_start_timeout_s
+        )
+
+    def _source_up(self, s: Source, caps: Sequence[Capability]) -> None:
+        attached = not caps or any(c.attached for c in caps)
+        if self.metrics is not None:
+            self.metrics.sources.labels(s.name).set(1 if attached else 0)
+            if isinstance(s, LaneStatsSource):
+                self.metrics.set_lane_stats(s.lane_stats)
+        for c in caps:  # the capability report, logged once
+            log.info("%s", c.line())
+
+    async def _loop_until_stopped(self) -> None:
+        assert self.model is not None
+        end = None if self.config.duration_s is None else self._now() + self.config.duration_s
+        next_reload = self._now() + self.config.reload_interval_s
+        while not self._stop.is_set():
+            now = self._now()
+            if end is not None and now >= end:
+                break
+            wake = [next_reload]
+            if self._status_dirty:
+                wake.append(self._status_next)
+            if self.tracer is not None and self.tracer.assembler.open_failovers:
+                wake.append(now + 1.0)  # tracing timers (fail-back grace, escalation)
+            if end is not None:
+                wake.append(end)
+            deadline = self.model.next_deadline()
+            if deadline is not None:
+                wake.append(deadline)
+            timeout = max(0.0, min(wake) - now)
+            get = asyncio.ensure_future(self._inbox.get())
+            stop = asyncio.ensure_future(self._stop.wait())
+            hup = asyncio.ensure_future(self._wake.wait())
+            done, _ = await asyncio.wait(
+                {get, stop, hup}, timeout=timeout, return_when="FIRST_COMPLETED"
+            )
+            stop.cancel()
+            hup.cancel()
+            self._wake.clear()
+            if get in done:
+                self._handle(get.result())
+                while not self._inbox.empty():  # drain a burst before publishing once
+                    self._handle(self._inbox.get_nowait())
+            else:
+                get.cancel()
+            now = self._now()
+            self.model, trs = self.model.tick(now)
+            for tr in trs:
+                self._transition(tr)
+            if self.tracer is not None:
+                self.tracer.tick(self._clock())
+            if now >= next_reload or self._reload_now:
+                if self._reload_now:
+                    log.info("SIGHUP: reloading the policy")
+                self._reload_now = False
+                next_reload = now + self.config.reload_interval_s
+                self._maybe_reload_policy()
+                if self.metrics is not None:
+                    self.metrics.prune()
+            if self._dirty:
+                self._publish()
+            self._maybe_write_status(now)
+
+    async def _shutdown(self, pump: asyncio.Task[None]) -> None:
+        budget = self.config.shutdown_timeout_s
+        t0 = time.monotonic()
+        await self.sources.stop_all(budget)  # shutdown must finish: bounded, never raises
+        if self.control is not None:
+            await self.control.close(timeout=max(0.1, budget - (time.monotonic() - t0)))
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(pump, 1.0)
+        if self.tracer is not None:  # open failovers end now; export bounded by what is left
+            left = max(0.1, budget - (time.monotonic() - t0))
+            tracer = self.tracer
+            await asyncio.to_thread(tracer.shutdown, self._clock(), left)
+        if self._metrics_retry is not None:
+            self._metrics_retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._metrics_retry, 1.0)
+        if self.metrics_server is not None:
+            self.metrics_server.stop(1.0)
+
+
+def plugin_nic_order() -> list[str]:
+    """What the plugin's auto-detection picks in this netns: up, non-loopback interfaces
+    with an IPv4 address, sorted by name (plugin/src/nic.c)."""
+    from pyroute2 import IPRoute
+
+    iff_up, iff_loopback = 0x1, 0x8
+    with IPRoute() as ipr:
+        up = {
+            str(link.get_attr("IFLA_IFNAME"))
+            for link in ipr.get_links()
+            if link["flags"] & iff_up and not link["flags"] & iff_loopback
+        }
+        v4 = {str(a.get_attr("IFA_LABEL")) for a in ipr.get_addr(family=socket.AF_INET)}
+    return sorted(up & v4)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _only(topo: Topology, wanted: set[str]) -> Topology:
+    return dataclasses.replace(topo, nics=tuple(n for n in topo.nics if n.names & wanted))
+
+
+def _install_signals(
+    loop: asyncio.AbstractEventLoop, stop: Callable[[], None], reload: Callable[[], None]
+) -> list[signal.Signals]:
+    """SIGTERM/SIGINT: stop cleanly; SIGHUP: reload the policy (an operator's habit; the
+    default action would kill the agent without clean-up)."""
+    installed = []
+    for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, reload)):
+        try:
+            loop.add_signal_handler(sig, fn)
+        except (NotImplementedError, RuntimeError, ValueError):
+            continue  # not the main thread: the caller stops us with request_stop()
+        installed.append(sig)
+    return installed
+
+
+def run_agent(config: AgentConfig, **kw: Any) -> int:
+    """Blocking entry point for the CLI."""
+    return asyncio.run(Agent(config, **kw).run())

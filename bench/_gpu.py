@@ -1,0 +1,226 @@
+"""What the GPU bench scripts (gpu_allreduce.py, gpu_ft.py) share: the checks a GPU run needs,
+the NCCL environment of each rank per transport, and the two ranks as worker processes inside
+the fabric's nodes (JSON lines on stdout; every wait bounded; always killed at the end)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+TRANSPORTS = ("railhop", "socket")
+
+
+def parse_size(s: str) -> int:
+    """``4M`` -> 4 MiB (K, M, G suffixes; a bare number is bytes)."""
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s.rstrip("KMG")) * mult)
+
+
+def root_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: it creates network namespaces, veth pairs and a bridge"
+    return None
+
+
+def torch_problem(gpus: int = 2) -> tuple[str, str | None]:
+    """(torch version, why a GPU run cannot go ahead or None)."""
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+        version = str(torch.__version__)
+    except Exception as e:  # report, not crash
+        return "?", f"torch with CUDA is needed: {e}"
+    return version, (f"needs {gpus} GPUs, found {n}" if n < gpus else None)
+
+
+def init_process_group(cfg: Mapping[str, Any]) -> None:
+    """In a worker: torch's NCCL process group of the two ranks, rendezvous at the master's
+    fabric address (``cfg``: rank, master, port, pg_timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://{cfg['master']}:{cfg['port']}",
+        rank=int(cfg["rank"]),
+        world_size=2,
+        timeout=datetime.timedelta(seconds=float(cfg["pg_timeout"])),
+    )
+
+
+def add_rank_options(ap: argparse.ArgumentParser) -> None:
+    """The options every GPU bench has: the plugin, the GPUs, the fabric's MTU, NCCL_DEBUG,
+    extra environment, the hidden worker entry."""
+    ap.add_argument("--plugin", help="absolute path of libnccl-net-railhop.so (required)")
+    ap.add_argument("--gpus", default="0,1", help="GPU of rank 0,1 (default 0,1)")
+    ap.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
+    ap.add_argument("--nccl-debug", default="WARN")
+    ap.add_argument("--env", action="append", default=[], help="extra K=V for both ranks")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def rank_envs(
+    args: argparse.Namespace,
+    transport: str,
+    rundir: Path,
+    *,
+    hostid: str,
+    common: Mapping[str, str],
+    railhop: Mapping[str, str] = {},
+    socket_threads: int = 4,
+    socket_nsocks: int = 4,
+) -> list[dict[str, str]]:
+    """The environment of ranks 0 and 1 (``args`` from :func:`add_rank_options`): the NET
+    transport forced (no P2P, SHM, NVLS, IB), a distinct NCCL_HOSTID per rank
+    (``<hostid><rank>``), one GPU each, then ``common``; for ``railhop`` the plugin
+    (NCCL_NET=railhop, bootstrap on nic0, a run directory per node) and ``railhop``; for
+    ``socket`` NCCL's Socket transport on the same NICs (``nic`` prefix) with ``socket_threads``
+    x ``socket_nsocks``; last the ``--env K=V`` overrides. NCCL_* and RAILHOP_* of the caller's
+    environment are dropped."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r}: want one of {', '.join(TRANSPORTS)}")
+    envs = []
+    ranks_gpu = [g.strip() for g in args.gpus.split(",")]
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "RAILHOP_"))}
+        env.update(
+            {
+                "NCCL_P2P_DISABLE": "1",
+                "NCCL_SHM_DISABLE": "1",
+                "NCCL_NVLS_ENABLE": "0",
+                "NCCL_IB_DISABLE": "1",
+                "NCCL_HOSTID": f"{hostid}{r}",
+                "NCCL_DEBUG": args.nccl_debug,
+                "CUDA_VISIBLE_DEVICES": ranks_gpu[r],
+                "PYTHONUNBUFFERED": "1",
+                **common,
+            }
+        )
+        if transport == "railhop":
+            env.update(
+                {
+                    "NCCL_NET_PLUGIN": str(Path(args.plugin).resolve()),
+                    "NCCL_NET": "railhop",
+                    "NCCL_SOCKET_IFNAME": "nic0",
+                    "RAILHOP_RUN_DIR": str(rundir / f"node{r}"),
+                    **railhop,
+                }
+            )
+            (rundir / f"node{r}").mkdir(parents=True, exist_ok=True)
+        else:
+            env.update(
+                {
+                    "NCCL_NET": "Socket",
+                    "NCCL_NET_PLUGIN": "none",
+                    "NCCL_SOCKET_IFNAME": "nic",
+                    "NCCL_SOCKET_NTHREADS": str(socket_threads),
+                    "NCCL_NSOCKS_PERTHREAD": str(socket_nsocks),
+                }
+            )
+        for kv in args.env:
+            k, _, v = kv.partition("=")
+            env[k] = v
+        envs.append(env)
+    return envs
+
+
+class Ranks:
+    """The two worker processes of one run: ``python <script> --worker <cfg as JSON>`` in fabric
+    node r (rank r), stdout read as JSON lines (each stamped ``_recv``), stderr to a log per
+    rank. Every wait is bounded; :meth:`finish` always kills what is left."""
+
+    def __init__(
+        self,
+        fab: Any,
+        script: Path,
+        envs: list[dict[str, str]],
+        cfg: dict[str, Any],
+        logdir: Path,
+        name: str,
+    ) -> None:
+        self.lines: list[list[dict[str, Any]]] = [[], []]
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs = [logdir / f"{name}.rank{r}.log" for r in range(2)]
+        self.t_start = time.time()
+        self.t_exit: list[float | None] = [None, None]
+        self.readers = []
+        for r in range(2):
+            argv = [sys.executable, str(script), "--worker", json.dumps({**cfg, "rank": r})]
+            with self.logs[r].open("w") as err:
+                p = fab.popen(
+                    r, argv, env=envs[r], stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1
+                )
+            self.procs.append(p)
+            th = threading.Thread(target=self._read, args=(r,), daemon=True)
+            th.start()
+            self.readers.append(th)
+
+    def _read(self, r: int) -> None:
+        out = self.procs[r].stdout
+        assert out is not None
+        for line in out:
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                obj["_recv"] = time.time()
+                self.lines[r].append(obj)
+        self.t_exit[r] = time.time()
+
+    def of(self, kind: str, r: int = 0) -> list[dict[str, Any]]:
+        return [x for x in list(self.lines[r]) if x.get("type") == kind]
+
+    def first(self, kinds: tuple[str, ...], r: int) -> dict[str, Any] | None:
+        return next((x for x in list(self.lines[r]) if x.get("type") in kinds), None)
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def wait_for(self, cond: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.02)
+        return cond()
+
+    def finish(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for both to exit (True if they did), then kill what is left
+        and collect the output."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                ok = False
+        self.kill()
+        for th in self.readers:
+            th.join(5)
+        return ok
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
+
+    def tail(self, r: int, n: int = 12) -> str:
+        try:
+            return "\n".join(self.logs[r].read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
