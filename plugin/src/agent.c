@@ -275,3 +275,21 @@ void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane
 		enqueue(&ev); /* keeps the order: queued ones go first */
 	}
 }
+
+void rh_ctl_shutdown(void)
+{
+	struct rh_ctl *c = __atomic_exchange_n(&ctl, NULL, __ATOMIC_ACQ_REL);
+
+	if (c) {
+		rh_ctl_close(c);
+	}
+	ctl_failed = false;
+	memset(suspect_by_agent, 0, sizeof(suspect_by_agent));
+	memset(down_by_agent, 0, sizeof(down_by_agent));
+	memset(&view, 0, sizeof(view));
+	clear_plans();
+	pthread_mutex_lock(&evq_mu);
+	evq_len = 0;
+	evq_dropped = 0;
+	pthread_mutex_unlock(&evq_mu);
+}

@@ -68,12 +68,13 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_
 	int rc;
 
 	(void)profFunction;
-	rc = rh_init(logFunction);
+	rc = rh_init_ctx(logFunction);
 	if (rc < 0) {
 		return rh_result(rc);
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
+		rh_finalize_ctx();
 		return ncclSystemError;
 	}
 	c->comm_id = commId;
@@ -82,9 +83,15 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_
 	return ncclSuccess;
 }
 
+/* The last context gone (and every comm and listener closed): the plugin stops, so the host
+ * may dlclose it right after. */
 static ncclResult_t finalize_v11(void *ctx)
 {
+	if (!ctx) {
+		return ncclInternalError;
+	}
 	free(ctx);
+	rh_finalize_ctx();
 	return ncclSuccess;
 }
 

@@ -24,7 +24,15 @@ struct rh_props {
 	int max_comms;
 };
 
+/* Lifecycle (see core/plugin.c): rh_init is the init of a table without finalize (v8..v10),
+ * which holds the plugin until its last comm and listener are closed; rh_init_ctx and
+ * rh_finalize_ctx bracket one context (v11+). The plugin stops, joining every thread and
+ * closing every descriptor, when no context, comm or listener is left; rh_running() says
+ * whether it runs. */
 int rh_init(ncclDebugLogger_t logger);
+int rh_init_ctx(ncclDebugLogger_t logger);
+void rh_finalize_ctx(void);
+bool rh_running(void);
 int rh_devices(int *ndev);
 int rh_get_props(int dev, struct rh_props *p);
 int rh_listen(int dev, void *handle, void **listen_comm);
@@ -69,6 +77,9 @@ enum {
 /* agent.c (ticker thread): apply the agent's health table; report lane events (types of
  * railhop/ctl_table.h enum rh_lane_event_type). */
 void rh_ctl_poll(uint64_t now_ms);
+/* Plugin shutdown (no ticker or I/O thread left): close the control plane (table mapping,
+ * agent socket) and forget its state, so a later init starts afresh. */
+void rh_ctl_shutdown(void);
 /* The agent's ranked backups for local NIC lnic, best first (0: no plan, rank locally). */
 struct rh_plan_entry {
 	int lnic; /* local NIC index */

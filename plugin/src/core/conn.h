@@ -193,6 +193,8 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
-void rh_fo_start_ticker(void);
+int rh_fo_start_ticker(void);
+/* Stop the ticker and join it (plugin shutdown). */
+void rh_fo_stop_ticker(void);
 
 #endif

@@ -95,9 +95,11 @@ struct tcp_lane {
 
 struct tcp_worker {
 	pthread_t th;
+	bool started; /* th is joinable */
 	int epfd;
 	int evfd;
 	atomic_bool kicked;
+	atomic_bool stop;
 	pthread_mutex_t mu;
 	struct tcp_stream *pending; /* added by other threads */
 	struct tcp_stream *list; /* owned */
@@ -977,7 +979,7 @@ static void *worker_main(void *arg)
 	struct epoll_event evs[64];
 	uint64_t last_scan = 0;
 
-	for (;;) {
+	while (!atomic_load(&w->stop)) {
 		bool more = false, scan = false;
 		uint64_t now;
 		int n;
@@ -1058,33 +1060,108 @@ static int tcp_start(int nthreads)
 		return -ENOMEM;
 	}
 	nworkers = nthreads;
+	atomic_store(&next_worker, 0);
+	for (int i = 0; i < nthreads; i++) {
+		workers[i].epfd = workers[i].evfd = -1; /* what tcp_stop() closes after a failure */
+	}
 	for (int i = 0; i < nthreads; i++) {
 		struct tcp_worker *w = &workers[i];
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 		char name[16];
+		int rc;
 
 		pthread_mutex_init(&w->mu, NULL);
 		atomic_init(&w->kicked, false);
+		atomic_init(&w->stop, false);
 		w->epfd = epoll_create1(EPOLL_CLOEXEC);
+		if (w->epfd < 0) {
+			return -errno;
+		}
 		w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (w->evfd < 0 || epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) < 0) {
+			return -errno;
+		}
 		w->scratch = malloc(TCP_SCRATCH);
-		if (w->epfd < 0 || w->evfd < 0 || !w->scratch ||
-		    epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) < 0) {
-			return -errno ? -errno : -ENOMEM;
+		if (!w->scratch) {
+			return -ENOMEM;
 		}
-		if (pthread_create(&w->th, NULL, worker_main, w) != 0) {
-			return -EAGAIN;
+		rc = pthread_create(&w->th, NULL, worker_main, w);
+		if (rc != 0) {
+			return -rc;
 		}
-		pthread_detach(w->th);
+		w->started = true;
 		snprintf(name, sizeof(name), "railhop-io%u", (unsigned)i % 100);
 		pthread_setname_np(w->th, name);
 	}
 	return 0;
 }
 
+/* Release every stream a stopped worker still holds (its thread is joined). */
+static void worker_reap_all(struct tcp_worker *w)
+{
+	for (;;) {
+		struct tcp_stream *s;
+
+		pthread_mutex_lock(&w->mu);
+		s = w->list ? w->list : w->pending;
+		if (s == w->list && s) {
+			w->list = s->next;
+		} else if (s) {
+			w->pending = s->next;
+		}
+		pthread_mutex_unlock(&w->mu);
+		if (!s) {
+			return;
+		}
+		atomic_store(&s->dead, true);
+		if (s->kind == K_PROBE_OUT && !s->failed) {
+			s->failed = true;
+			rh_core_probe_done(s->conn, s->cookie, false);
+		}
+		stream_reap(s); /* listeners too: they hold no connection */
+	}
+}
+
+static void tcp_stop(void)
+{
+	for (int i = 0; i < nworkers; i++) {
+		atomic_store(&workers[i].stop, true);
+		atomic_store(&workers[i].kicked, false);
+		if (workers[i].evfd >= 0) {
+			worker_kick(&workers[i]);
+		}
+	}
+	for (int i = 0; i < nworkers; i++) {
+		if (workers[i].started) {
+			pthread_join(workers[i].th, NULL);
+		}
+	}
+	/* Reaping may still kick a worker (a stream of a closing connection): only after
+	 * every worker is joined are their queues final. */
+	for (int i = 0; i < nworkers; i++) {
+		worker_reap_all(&workers[i]);
+	}
+	for (int i = 0; i < nworkers; i++) {
+		struct tcp_worker *w = &workers[i];
+
+		if (w->epfd >= 0) {
+			close(w->epfd);
+		}
+		if (w->evfd >= 0) {
+			close(w->evfd);
+		}
+		free(w->scratch);
+		pthread_mutex_destroy(&w->mu);
+	}
+	free(workers);
+	workers = NULL;
+	nworkers = 0;
+}
+
 const struct lane_ops rh_tcp_ops = {
 	.name = "tcp",
 	.start = tcp_start,
+	.stop = tcp_stop,
 	.listen = tcp_listen,
 	.open = tcp_open,
 	.kick = tcp_kick,
