@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Glue between the core and the agent's control plane (ctl.c): applies the shared-memory health
- * table to the local NICs and reports lane events. Called from the ticker thread only; the
- * plugin works alone whenever the agent is absent, dies or restarts (NICs it marked down are
- * handed back to local detection).
+ * table to the local NICs and reports lane events. It plugs into the core as struct
+ * rh_ctl_hooks (core/health.h, the only core header it uses): poll runs on the ticker thread,
+ * the other hooks on any thread. The plugin works alone whenever the agent is absent, dies or
+ * restarts (NICs it marked down are handed back to local detection).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -12,9 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agent.h"
+#include "core/health.h"
 #include "ctl.h"
 #include "log.h"
-#include "rh.h"
 
 _Static_assert((int)RH_EVT_LANE_UP == (int)RH_EV_LANE_UP, "event type LANE_UP");
 _Static_assert((int)RH_EVT_LANE_DOWN == (int)RH_EV_LANE_DOWN, "event type LANE_DOWN");
@@ -95,7 +97,7 @@ static void take_plans(void)
 	pthread_mutex_unlock(&plan_mu);
 }
 
-int rh_ctl_plan_for(int lnic, struct rh_plan_entry *out, int max)
+static int agent_plan_for(int lnic, struct rh_plan_entry *out, int max)
 {
 	int n = 0;
 
@@ -161,12 +163,12 @@ static void flush_queued(struct rh_ctl *c)
 	pthread_mutex_unlock(&evq_mu);
 }
 
-bool rh_ctl_nic_suspect(int nic)
+static bool agent_suspect(int nic)
 {
 	return nic >= 0 && nic < 64 && __atomic_load_n(&suspect_by_agent[nic], __ATOMIC_RELAXED);
 }
 
-void rh_ctl_poll(uint64_t now_ms)
+static void agent_poll(uint64_t now_ms)
 {
 	struct rh_ctl_opts o = { .log = ctl_log };
 	int rc;
@@ -241,8 +243,8 @@ static void ipv4_mapped(uint8_t out[16], uint32_t ip)
 	}
 }
 
-void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic, int err,
-		       uint64_t duration_ns, const struct rh_lane_info *info)
+static void agent_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
+			     int err, uint64_t duration_ns, const struct rh_lane_info *info)
 {
 	struct rh_ctl *c = __atomic_load_n(&ctl, __ATOMIC_ACQUIRE);
 	struct rh_lane_event ev;
@@ -276,7 +278,9 @@ void rh_ctl_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane
 	}
 }
 
-void rh_ctl_shutdown(void)
+/* Plugin shutdown (no ticker or I/O thread left): close the control plane (table mapping,
+ * agent socket) and forget its state, so a later start begins afresh. */
+static void agent_shutdown(void)
 {
 	struct rh_ctl *c = __atomic_exchange_n(&ctl, NULL, __ATOMIC_ACQ_REL);
 
@@ -292,4 +296,17 @@ void rh_ctl_shutdown(void)
 	evq_len = 0;
 	evq_dropped = 0;
 	pthread_mutex_unlock(&evq_mu);
+}
+
+static const struct rh_ctl_hooks agent_hooks = {
+	.lane_event = agent_lane_event,
+	.plan_for = agent_plan_for,
+	.suspect = agent_suspect,
+	.poll = agent_poll,
+	.shutdown = agent_shutdown,
+};
+
+void rh_agent_register(void)
+{
+	rh_health_set_hooks(&agent_hooks);
 }

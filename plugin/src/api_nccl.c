@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent.h"
 #include "log.h"
 #include "nccl/net.h"
 #include "rh.h"
@@ -44,6 +45,14 @@ static ncclResult_t rh_result(int rc)
 	}
 }
 
+/* The one place that assembles the plugin: the agent glue plugs into the core, then init (of
+ * a context, v11+, or of a table without finalize). */
+static int plugin_init(ncclDebugLogger_t logger, bool ctx)
+{
+	rh_agent_register();
+	return ctx ? rh_init_ctx(logger) : rh_init(logger);
+}
+
 struct rh_ctx {
 	uint64_t comm_id;
 	int traffic_class;
@@ -52,13 +61,13 @@ struct rh_ctx {
 
 static ncclResult_t init_v8(ncclDebugLogger_t logFunction)
 {
-	return rh_result(rh_init(logFunction));
+	return rh_result(plugin_init(logFunction, false));
 }
 
 static ncclResult_t init_v10(ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction)
 {
 	(void)profFunction;
-	return rh_result(rh_init(logFunction));
+	return rh_result(plugin_init(logFunction, false));
 }
 
 static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_t *config,
@@ -68,7 +77,7 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_
 	int rc;
 
 	(void)profFunction;
-	rc = rh_init_ctx(logFunction);
+	rc = plugin_init(logFunction, true);
 	if (rc < 0) {
 		return rh_result(rc);
 	}

@@ -14,7 +14,7 @@
 #include "../log.h"
 #include "../param.h"
 #include "../probes.h"
-#include "../rh.h"
+#include "health.h"
 #include "conn.h"
 #include "sched.h"
 
@@ -206,7 +206,7 @@ void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 	if (l && l->tp && l->ops->ports) {
 		info.nports = l->ops->ports(l, info.lports, info.rports, 8);
 	}
-	rh_ctl_lane_event(type, c->id, c->epoch, l ? l->id : 0, lnic, err, duration_ns, &info);
+	rh_health_lane_event(type, c->id, c->epoch, l ? l->id : 0, lnic, err, duration_ns, &info);
 }
 
 void rh_conn_fence_lane(struct rh_conn *c, struct rh_lane *l)

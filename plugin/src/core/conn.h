@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Connection state shared by the core modules (plugin.c: setup; conn.c: data path;
- * failover.c: failure handling). A connection is one NCCL send or recv comm; its lanes carry
+ * failover.c: failure handling; health.c: NIC health and the ticker). Private to core/: the
+ * lanes see a connection only through lanes/lane_ops.h. A connection is one NCCL send or recv
+ * comm; its lanes carry
  * frames (core/wire.h); all fields below are protected by mu unless noted.
  */
 #ifndef RH_CONN_H
@@ -177,12 +179,20 @@ void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
 bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
-int rh_conn_start_connect(struct rh_conn *c); /* locked */
-
-/* failover.c */
-/* Report a lane event to the agent (l may be NULL: the connection's original pair). */
+/* Report a lane event to the control plane (l may be NULL: the connection's original pair). */
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
+
+/* plugin.c */
+int rh_conn_start_connect(struct rh_conn *c); /* locked */
+/* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
+ * each connection's lock in turn; the caller drops each reference. */
+#define RH_SNAPSHOT_MAX 1024
+int rh_registry_snapshot(struct rh_conn **list);
+/* The ticker's pass: failure detection on every connection, closed ones dropped. */
+void rh_registry_tick(uint64_t now_ms);
+
+/* failover.c */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
@@ -193,8 +203,21 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
-int rh_fo_start_ticker(void);
-/* Stop the ticker and join it (plugin shutdown). */
-void rh_fo_stop_ticker(void);
+
+/* health.c (core/health.h is the public half) */
+struct rh_lane_info;
+struct rh_plan_entry;
+void rh_health_poll_carrier(void);
+/* Plugin start/stop: every NIC up again, the ticker thread started / stopped and joined, the
+ * control plane's shutdown hook. */
+void rh_health_reset(void);
+int rh_health_start_ticker(void);
+void rh_health_stop_ticker(void);
+void rh_health_shutdown(void);
+/* The registered control plane's hooks; standalone (no hooks): no-op, 0, false. */
+void rh_health_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
+			  int err, uint64_t duration_ns, const struct rh_lane_info *info);
+int rh_health_plan_for(int lnic, struct rh_plan_entry *out, int max);
+bool rh_health_nic_suspect(int nic);
 
 #endif

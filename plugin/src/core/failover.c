@@ -18,7 +18,7 @@
 #include "../log.h"
 #include "../param.h"
 #include "../probes.h"
-#include "../rh.h"
+#include "health.h"
 #include "conn.h"
 #include "rank.h"
 #include "sched.h"
@@ -163,7 +163,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 {
 	struct rh_plan_entry e[16];
 	uint64_t now = rh_now_ms();
-	int ne = rh_ctl_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
+	int ne = rh_health_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
 
 	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
 	 * 1..4 (4 = half a primary lane's streams): the largest share maps to 4, the others in
@@ -814,7 +814,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			/* While the agent suspects the NIC (its suspicion may have come, and been
 			 * answered, before this lane's trouble began), a lane that has moved nothing
 			 * for 100 ms and whose transport says the path is lost fails at once. */
-			if (l->ops->lost && l->tp && rh_ctl_nic_suspect(l->lnic) &&
+			if (l->ops->lost && l->tp && rh_health_nic_suspect(l->lnic) &&
 			    now >= l->t_progress_ms + 100 &&
 			    l->ops->lost(l, now - l->t_progress_ms)) {
 				rh_fo_lane_failed(c, l, -ETIMEDOUT,

@@ -17,13 +17,10 @@
 #include "../probes.h"
 #include "../rh.h"
 #include "conn.h"
+#include "health.h"
 #include "sched.h"
 
-static void poll_carrier(void);
-static void health_reset(void);
 static void registry_del(struct rh_conn *c);
-/* Referenced copies of the registry hold at most this many connections. */
-#define RH_SNAPSHOT_MAX 1024
 
 /* Transport choice: one function that logs why. RAILHOP_TRANSPORT=tcp|ofi forces one; auto
  * takes libfabric only where an RDMA-class provider is found. NULL: the forced one is not
@@ -100,8 +97,8 @@ static int start_locked(void)
 		return rc;
 	}
 	rh_g.nnics = rc;
-	health_reset();
-	poll_carrier(); /* a NIC already down at start is never advertised or used */
+	rh_health_reset();
+	rh_health_poll_carrier(); /* a NIC already down at start is never advertised or used */
 	rh_g.ops = choose_transport();
 	if (!rh_g.ops) {
 		return -EPROTONOSUPPORT;
@@ -123,7 +120,7 @@ static int start_locked(void)
 			return rc;
 		}
 	}
-	rc = rh_fo_start_ticker();
+	rc = rh_health_start_ticker();
 	if (rc < 0) {
 		if (rh_g.ops->stop) {
 			rh_g.ops->stop();
@@ -145,7 +142,7 @@ static void stop_locked(void)
 	if (!rh_g.ops->stop) {
 		return; /* a transport that cannot stop keeps running (the library stays mapped) */
 	}
-	rh_fo_stop_ticker();
+	rh_health_stop_ticker();
 	/* What is left in the registry was never handed to the host (half-open, abandoned
 	 * connects) or was closed and waits for its BYE: fence it, drop the registry's
 	 * reference; the transport's streams hold theirs until it stops below. */
@@ -172,7 +169,7 @@ static void stop_locked(void)
 		}
 	} while (n == RH_SNAPSHOT_MAX);
 	rh_g.ops->stop(); /* joins the I/O threads; the last connection references go */
-	rh_ctl_shutdown();
+	rh_health_shutdown();
 	running = false;
 	INFO("stopped: no context, comm or listener left");
 	rh_log_clear();
@@ -278,11 +275,6 @@ int rh_devices(int *ndev)
 	return 0;
 }
 
-int rh_nic_count(void)
-{
-	return rh_g.nnics;
-}
-
 int rh_get_props(int dev, struct rh_props *p)
 {
 	if (dev < 0 || dev >= rh_g.nnics) {
@@ -367,9 +359,7 @@ static void registry_del(struct rh_conn *c)
 	}
 }
 
-/* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
- * each connection's lock in turn; the caller drops each reference. */
-static int registry_snapshot(struct rh_conn **list)
+int rh_registry_snapshot(struct rh_conn **list)
 {
 	int n = 0;
 
@@ -501,7 +491,7 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		rc = -ETIMEDOUT;
 	}
 	pthread_mutex_unlock(&c->mu);
-	if (ready && hold(true) == 0) { /* not under c->mu: lifecycle lock first */
+	if (ready && hold(true) == 0) { /* not under c->mu: the lifecycle lock comes first */
 		*send_comm = c;
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 	}
@@ -527,8 +517,8 @@ int rh_accept(void *listen_comm, void **recv_comm)
 	struct rh_conn *c;
 
 	*recv_comm = NULL;
-	if (!l->ready_head || hold(true) < 0) {
-		return 0; /* read unlocked: a peek, confirmed under the lock below */
+	if (!__atomic_load_n(&l->ready_head, __ATOMIC_RELAXED) || hold(true) < 0) {
+		return 0; /* a peek, confirmed under the lock below */
 	}
 	pthread_mutex_lock(&rh_g.mu);
 	c = l->ready_head;
@@ -865,201 +855,44 @@ void rh_core_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* --- health and the ticker --- */
+/* --- the ticker's sweep over the connections (core/health.c runs it every 20 ms) --- */
 
-static uint32_t down_mask[RH_MAX_NICS]; /* sources holding each NIC down (ticker/API) */
-static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool down_by_carrier[RH_MAX_NICS]; /* ticker (and start, before the ticker runs) */
-
-/* Start: every NIC is up until a source says otherwise. */
-static void health_reset(void)
-{
-	pthread_mutex_lock(&health_mu);
-	memset(down_mask, 0, sizeof(down_mask));
-	memset(down_by_carrier, 0, sizeof(down_by_carrier));
-	pthread_mutex_unlock(&health_mu);
-	for (int i = 0; i < rh_g.nnics; i++) {
-		__atomic_store_n(&rh_g.nics[i].up, true, __ATOMIC_RELEASE);
-	}
-}
-
-void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
+void rh_registry_tick(uint64_t now)
 {
 	struct rh_conn *list[RH_SNAPSHOT_MAX];
-	int n;
-	bool now_up;
+	int n = rh_registry_snapshot(list);
 
-	if (nic < 0 || nic >= rh_g.nnics) {
-		return;
-	}
-	pthread_mutex_lock(&health_mu);
-	if (up) {
-		down_mask[nic] &= ~(uint32_t)src;
-	} else {
-		down_mask[nic] |= (uint32_t)src;
-	}
-	now_up = down_mask[nic] == 0;
-	pthread_mutex_unlock(&health_mu);
-	if (__atomic_exchange_n(&rh_g.nics[nic].up, now_up, __ATOMIC_ACQ_REL) == now_up) {
-		return;
-	}
-	WARN("NIC %s marked %s (%s)", rh_g.nics[nic].ifname, now_up ? "up" : "down",
-	     src == RH_HEALTH_CARRIER ? "carrier" :
-	     src == RH_HEALTH_AGENT   ? "agent" :
-					"api");
-	if (now_up) {
-		return;
-	}
-	n = registry_snapshot(list);
 	for (int i = 0; i < n; i++) {
 		struct rh_conn *c = list[i];
+		bool drop = false;
 
+		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
-		for (int k = 0; k < c->nlanes; k++) {
-			struct rh_lane *l = c->lanes[k];
-
-			if (l->lnic == nic && l->state != RH_LANE_DEAD) {
-				rh_fo_lane_failed(c, l, -ENETDOWN, "local NIC down");
+		if (atomic_load(&c->closed)) {
+			if (c->registered &&
+			    (c->ctrl_len == 0 || now >= c->fo.t_close_ms || !c->ctrl_lane)) {
+				/* BYE flushed (or deadline): fence and drop the close ref. */
+				for (int k = 0; k < c->nlanes; k++) {
+					rh_conn_fence_lane(c, c->lanes[k]);
+				}
+				registry_del(c);
+				drop = true;
+			}
+		} else {
+			rh_fo_tick(c, now);
+			if (c->err && !c->is_send && c->registered && !c->accepted &&
+			    (!c->ready || !c->listen)) {
+				/* half-open incoming connection, or one its listener will never
+				 * hand out */
+				registry_del(c);
+				drop = true;
 			}
 		}
 		pthread_mutex_unlock(&c->mu);
-		rh_core_conn_put(c);
-	}
-}
-
-void rh_nic_suspect(int nic)
-{
-	struct rh_conn *list[RH_SNAPSHOT_MAX];
-	int n;
-
-	if (nic < 0 || nic >= rh_g.nnics) {
-		return;
-	}
-	n = registry_snapshot(list);
-	for (int i = 0; i < n; i++) {
-		struct rh_conn *c = list[i];
-
-		pthread_mutex_lock(&c->mu);
-		for (int k = 0; k < c->nlanes && !c->err; k++) {
-			struct rh_lane *l = c->lanes[k];
-
-			if (l->lnic == nic) {
-				rh_fo_confirm(c, l, "probe failed (NIC suspect)");
-			}
-		}
-		pthread_mutex_unlock(&c->mu);
-		rh_core_conn_put(c);
-	}
-}
-
-void rh_nic_set_health(int nic, bool up)
-{
-	rh_nic_set_health_from(nic, RH_HEALTH_API, up);
-}
-
-const char *rh_nic_name(int nic)
-{
-	return nic >= 0 && nic < rh_g.nnics ? rh_g.nics[nic].ifname : "";
-}
-
-const char *rh_run_dir(void)
-{
-	return rh_param.RUN_DIR;
-}
-
-/* The agent control plane (agent.c + ctl.c) is polled from the ticker every 20 ms. */
-
-static void poll_carrier(void)
-{
-	for (int i = 0; i < rh_g.nnics; i++) {
-		int c = rh_nic_read_carrier(rh_param.SYSFS_ROOT, rh_g.nics[i].ifname);
-
-		if (c == 0 && !down_by_carrier[i]) {
-			down_by_carrier[i] = true;
-			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, false);
-		} else if (c == 1 && down_by_carrier[i]) {
-			down_by_carrier[i] = false;
-			rh_nic_set_health_from(i, RH_HEALTH_CARRIER, true);
-		}
-	}
-}
-
-static pthread_t ticker_th;
-static atomic_bool ticker_stop;
-
-static void *ticker(void *arg)
-{
-	uint64_t last_carrier = 0;
-
-	(void)arg;
-	while (!atomic_load(&ticker_stop)) {
-		struct timespec ts = { 0, 20 * 1000 * 1000 };
-		struct rh_conn *list[RH_SNAPSHOT_MAX];
-		int n;
-		uint64_t now;
-
-		nanosleep(&ts, NULL);
-		now = rh_now_ms();
-		if (rh_param.CARRIER_POLL > 0 &&
-		    now - last_carrier >= (uint64_t)rh_param.CARRIER_POLL) {
-			last_carrier = now;
-			poll_carrier();
-		}
-		rh_ctl_poll(now);
-		n = registry_snapshot(list);
-		for (int i = 0; i < n; i++) {
-			struct rh_conn *c = list[i];
-			bool drop = false;
-
-			pthread_mutex_lock(&rh_g.mu);
-			pthread_mutex_lock(&c->mu);
-			if (atomic_load(&c->closed)) {
-				if (c->registered && (c->ctrl_len == 0 || now >= c->fo.t_close_ms ||
-						      !c->ctrl_lane)) {
-					/* BYE flushed (or deadline): fence and drop the close ref. */
-					for (int k = 0; k < c->nlanes; k++) {
-						rh_conn_fence_lane(c, c->lanes[k]);
-					}
-					registry_del(c);
-					drop = true;
-				}
-			} else {
-				rh_fo_tick(c, now);
-				if (c->err && !c->is_send && c->registered && !c->accepted &&
-				    (!c->ready || !c->listen)) {
-					/* half-open incoming connection, or one its listener
-					 * will never hand out */
-					registry_del(c);
-					drop = true;
-				}
-			}
-			pthread_mutex_unlock(&c->mu);
-			pthread_mutex_unlock(&rh_g.mu);
-			if (drop) {
-				rh_core_conn_put(c);
-			}
+		pthread_mutex_unlock(&rh_g.mu);
+		if (drop) {
 			rh_core_conn_put(c);
 		}
+		rh_core_conn_put(c);
 	}
-	return NULL;
-}
-
-int rh_fo_start_ticker(void)
-{
-	int rc;
-
-	atomic_store(&ticker_stop, false);
-	rc = pthread_create(&ticker_th, NULL, ticker, NULL);
-	if (rc != 0) {
-		WARN("cannot start the ticker thread: %s", strerror(rc));
-		return -rc;
-	}
-	pthread_setname_np(ticker_th, "railhop-tick");
-	return 0;
-}
-
-void rh_fo_stop_ticker(void)
-{
-	atomic_store(&ticker_stop, true);
-	pthread_join(ticker_th, NULL); /* it sleeps 20 ms between rounds */
 }

@@ -11,7 +11,7 @@
  * placed at an offset of the receiver's posted buffer; control frames (CTS, ACK, RESUME,
  * FAILREQ, BYE) carry the protocol. Byte-stream transports (TCP) send the 48-byte header and
  * then the payload, and the receiving side asks the core where to place it (rh_core_rx_data).
- * One-sided transports (libfabric FI_RMA, lanes/ofi.c) fit the same calls: next_tx() hands out
+ * One-sided transports (libfabric FI_RMA, lanes/ofi/) fit the same calls: next_tx() hands out
  * a chunk as for TCP; the sender's transport gets the receiver's buffer address and key from
  * the receiver's transport (an advert per lane, asked for ahead of time with rh_core_tx_peek(),
  * answered from rh_core_rx_buffer()), issues a write-with-immediate (immediate = seq/slot/

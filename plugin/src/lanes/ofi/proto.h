@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The bookkeeping of the libfabric lane (lanes/ofi.c), as pure functions (unit-tested):
+ * The ofi lane's protocol and bookkeeping (lanes/ofi/), as pure functions (unit-tested):
  *
  *  - the 64-bit remote CQ data ("immediate") of a DATA write: low bits of the message seq, the
  *    receive slot, the chunk index and low bits of the epoch; the receiver expands the
@@ -14,14 +14,14 @@
  *  - the receiver's advert records, which turn a write completion back into a frame header;
  *  - the per-domain registration cache: address ranges -> memory region.
  */
-#ifndef RH_OFI_IMM_H
-#define RH_OFI_IMM_H
+#ifndef RH_OFI_PROTO_H
+#define RH_OFI_PROTO_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/wire.h"
+#include "../../core/wire.h"
 
 #define OFI_IMM_SEQ_BITS 20
 #define OFI_IMM_SLOT_BITS 3
@@ -173,7 +173,7 @@ struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *i
 int ofi_rrec_hdr(const struct ofi_rrec *r, const struct ofi_imm *im, uint64_t chunk,
 		 uint32_t ref_epoch, uint64_t conn_id, struct rh_hdr *h);
 
-/* The fence gate (see ofi.c): adverts of resume epoch min_epoch may be given once every open
+/* The fence gate (see fence.c): adverts of resume epoch min_epoch may be given once every open
  * endpoint of the connection has passed the sender's marker for it and no fenced endpoint is
  * still open. */
 bool ofi_gate_open(uint32_t min_epoch, const uint32_t *marks, int nopen, int nfenced_open);

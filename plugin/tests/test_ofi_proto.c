@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The libfabric lane's bookkeeping: immediates, lane messages, adverts, the fence gate and the
- * registration cache (lanes/ofi_imm.h). */
+ * registration cache (lanes/ofi/proto.h). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
-#include "lanes/ofi_imm.h"
+#include "lanes/ofi/proto.h"
 
 static void test_imm_roundtrip(void)
 {

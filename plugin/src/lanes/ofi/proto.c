@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Pure bookkeeping of the libfabric lane: see ofi_imm.h. */
+/* Pure bookkeeping of the libfabric lane: see proto.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/sched.h"
-#include "ofi_imm.h"
+#include "../../core/sched.h"
+#include "proto.h"
 
 #define MASK(bits) ((1ull << (bits)) - 1)
 

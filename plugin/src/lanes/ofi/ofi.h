@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libfabric lanes: each lane is a control endpoint and 1..OFI_MAX_DATA data endpoints (FI_EP_MSG
+ * with FI_RMA) between the two NICs' provider domains (one domain per NIC, matched by the NIC's
+ * IPv4 address). The same
+ * code runs over the tcp provider (CI) and RDMA providers offering FI_EP_MSG + FI_RMA (verbs).
+ *
+ * Messages (fi_send into pre-posted bounce buffers): the core's control frames (CTS, ACK,
+ * RESUME, FAILREQ, BYE), the handshake (HELLO/HELLO_ACK, as on TCP), and the lane's own
+ * ADV_REQ/ADV/EPOCH/DATA0 (proto.h). DATA moves one-sided: the sender's transport asks the
+ * receiver's transport for an advert of (seq, slot) on the lane that carries the chunk
+ * (ADV_REQ); the receiver registers the posted buffer in that lane's domain (lazily, through a
+ * per-domain registration cache, so a buffer is registered once per domain and on a backup
+ * NIC only when a lane there carries it) and answers with (address, key, size); the sender
+ * then writes each chunk with fi_writedata, the 64-bit remote CQ data naming (seq, slot,
+ * chunk, epoch). The receiver's CQ reports the completion; the transport rebuilds the frame
+ * header and hands it to the core (rh_core_rx_data must return exactly the advertised
+ * buffer + offset: the data is already in place, nothing is copied).
+ *
+ * The files of this directory, one per phase:
+ *   shim.c      libfabric loaded at run time (dlopen), called through lf_*() wrappers
+ *   domain.c    one provider domain per NIC, its passive endpoint, the registration cache
+ *   endpoint.c  endpoints: create, connect, send slots, handshake, close
+ *   fence.c     adverts and one-sided writes, with the four rules of the fence (THE FENCE)
+ *   io.c        the I/O thread, message dispatch, the pump, completion and event queues
+ *   ops.c       the lane_ops table (rh_ofi_ops)
+ *   proto.c     the pure bookkeeping they share (unit-tested): immediates, messages, tables
+ *
+ * Threading: one I/O thread owns every endpoint, CQ and EQ (it is the only caller of
+ * fi_* on them); lane_ops callbacks (conn lock held) only set flags and wake it. Progress is
+ * the provider's (FI_PROGRESS_AUTO) or driven by this thread's CQ/EQ reads (manual).
+ *
+ * Memory: host memory only (NCCL_PTR_HOST). A provider reporting FI_HMEM with CUDA would let
+ * the same registration path take device buffers (FI_MR_HMEM, fi_mr_regattr with iface CUDA
+ * or a dmabuf fd); that is not built here (no such provider to test against).
+ */
+#ifndef RH_OFI_H
+#define RH_OFI_H
+
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "../../core/conn.h"
+#include "../../core/sched.h"
+#include "../../log.h"
+#include "../../param.h"
+#include "../lane_ops.h"
+#include "../tcpstate.h"
+#include "proto.h"
+
+/* shim.c: the five library symbols (every other fi_* call is an inline wrapper around the
+ * objects' operation tables). lf_load() is false when libfabric.so.1 is missing. */
+bool lf_load(void);
+int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+	       const struct fi_info *hints, struct fi_info **info);
+void lf_freeinfo(struct fi_info *info);
+struct fi_info *lf_dupinfo(const struct fi_info *info);
+int lf_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+const char *lf_strerror(int errnum);
+
+#define OFI_API FI_VERSION(1, 10)
+#define OFI_MAX_DATA 4 /* data endpoints per lane */
+#define OFI_MAX_STREAMS (OFI_MAX_DATA + 1) /* and the control endpoint (stream 0) */
+#define OFI_NRX 16 /* bounce receive buffers per endpoint (16 KiB each) */
+#define OFI_NTX 12 /* messages in flight per endpoint */
+/* Chunks owned per endpoint (waiting for an advert or being written). Shallow on purpose: after a
+ * resume the fence marker queues behind them (rule 2), so this bounds how long a replay waits
+ * for the old writes to drain; 4 endpoints x 3 x 512 KiB keep a lane busy on these links. */
+#define OFI_NWR 3
+#define OFI_PEEK 16 /* queued messages whose adverts are asked for ahead of their chunks */
+#define OFI_HELLO_MAX 4096
+#define OFI_ACCEPT_MS 5000
+/* An advert request unanswered for this many completion timeouts fails the lane: the
+ * receiver's gate holds requests at most about one timeout (then it fails the blocker). */
+#define OFI_ADV_WAIT_TIMEOUTS 3
+
+enum ep_kind {
+	EK_LANE, /* a stream of a lane, opened here */
+	EK_ACCEPTED, /* accepted, waiting for the hello that says what it is */
+	EK_LANE_IN, /* a stream of a lane, accepted */
+	EK_PROBE_OUT,
+	EK_PROBE_REPLY, /* answering a probe; closed once the answer left */
+};
+
+enum ep_state { ES_NEW, ES_CONNECTING, ES_HELLO_WAIT, ES_HELLO_IN, ES_READY, ES_CLOSED };
+
+enum ctx_kind { CTX_RX = 1, CTX_TX, CTX_WR };
+
+struct ofi_ep;
+
+struct ofi_ctx {
+	uint8_t kind;
+	uint16_t idx;
+	struct ofi_ep *e;
+};
+
+struct ofi_tx {
+	struct ofi_ctx ctx;
+	bool busy; /* posted, or queued behind a full provider queue */
+	size_t len;
+	size_t core_len; /* bytes of a core control batch (rh_core_ctrl_written) */
+	uint8_t *buf;
+};
+
+enum wr_state { WR_FREE = 0, WR_WAIT, WR_POSTED };
+
+struct ofi_wr {
+	struct ofi_ctx ctx;
+	uint8_t state;
+	struct rh_hdr h;
+	const char *payload;
+};
+
+struct ofi_rx {
+	struct ofi_ctx ctx;
+	uint8_t *buf;
+};
+
+struct ofi_dom {
+	bool ok;
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_pep *pep;
+	struct fid_eq *peq;
+	int peq_fd;
+	uint64_t mr_mode;
+	bool rx_cq_data; /* writes with CQ data consume a posted receive (FI_RX_CQ_DATA) */
+	pthread_mutex_t rc_mu;
+	struct ofi_rcache rc;
+	uint64_t next_key;
+};
+
+struct ofi_lane {
+	struct ofi_ep *ep[OFI_MAX_STREAMS];
+	int live;
+	int npending; /* receiver: adverts waiting for the gate */
+	/* receiver: an advert is good for a write on any endpoint of the lane, so whether the
+	 * lane advertised before a resume decides which endpoints must pass their marker */
+	bool adv_given;
+	uint32_t max_adv_epoch; /* newest epoch advertised on this lane */
+	/* ofi_stalled() (connection lock): [0] the control endpoint, [1] the data endpoints */
+	uint64_t stall_mark[2], stall_since_ms[2];
+	uint32_t ep_mark; /* sender: the resume epoch every endpoint must mark before requests */
+	struct ofi_adv_table adv; /* sender: adverts received */
+	struct ofi_rrec_table rrec; /* receiver: adverts given */
+};
+
+struct ofi_ep {
+	enum ep_kind kind;
+	enum ep_state st;
+	int nic;
+	struct ofi_dom *d;
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	struct fid_eq *eq;
+	struct fid_mr *arena_mr;
+	void *arena_desc;
+	uint8_t *arena;
+	struct fi_info *cinfo; /* EK_ACCEPTED: the connection request */
+	struct rh_lane *lane;
+	struct rh_conn *conn; /* reference held while set */
+	int idx;
+	bool io_held;
+	uint32_t ip;
+	uint16_t port;
+	uint64_t cookie;
+	uint64_t deadline_ms;
+	uint64_t t_fenced_ms;
+	atomic_bool fenced;
+	bool failed;
+	bool probe_reported;
+	uint8_t *hello; /* opener: the hello message to send once connected */
+	size_t hello_len;
+	struct ofi_rx rx[OFI_NRX];
+	struct ofi_tx tx[OFI_NTX];
+	struct ofi_wr wr[OFI_NWR];
+	int ntx_busy;
+	int txq[OFI_NTX]; /* slots not yet accepted by the provider (-FI_EAGAIN), in order */
+	int txq_head, txq_n;
+	int nwr_used;
+	uint32_t mark_sent; /* sender: last EPOCH marker sent */
+	uint32_t mark_seen; /* receiver: last EPOCH marker received */
+	/* read by the core under the connection lock */
+	atomic_uint_fast64_t progress;
+	atomic_int outstanding;
+	uint16_t lport, rport;
+	uint32_t lip, rip; /* network order; with lport/rport the provider's socket, if any */
+	uint64_t last_rx_ms; /* I/O thread: last message or write received from the peer */
+	struct ofi_ep *next;
+};
+
+/* libfabric returns 0 or -FI_Exxx (== -Exxx for the errno range) */
+static inline int fi_err(ssize_t rc)
+{
+	return rc < 0 ? (int)rc : (rc > 0 ? -EIO : 0);
+}
+
+/* domain.c */
+extern struct ofi_dom ofi_doms[RH_MAX_NICS];
+int dom_open(int nic);
+int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
+	   void **desc);
+void ofi_forget(const void *addr, size_t size);
+
+/* endpoint.c */
+void ep_close(struct ofi_ep *e);
+bool ep_ctrl_only(const struct ofi_ep *e);
+void ep_fail(struct ofi_ep *e, int err, const char *why);
+void ep_free(struct ofi_ep *e);
+struct ofi_ep *ep_new(enum ep_kind kind, int nic);
+void ep_push(struct ofi_ep *e);
+int ep_setup(struct ofi_ep *e, struct fi_info *info);
+void ep_start(struct ofi_ep *e);
+void ep_touch(struct ofi_ep *e, uint64_t bytes);
+void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len);
+void on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len);
+int post_rx(struct ofi_ep *e, int i);
+int send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len);
+int tx_flush(struct ofi_ep *e);
+int tx_free_slot(struct ofi_ep *e);
+int tx_post(struct ofi_ep *e, int i, size_t len);
+
+/* fence.c */
+bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now);
+void on_adv(struct ofi_ep *e, const uint8_t *b, size_t len);
+void on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len);
+void on_data0(struct ofi_ep *e, const uint8_t *b, size_t len);
+void on_write(struct ofi_ep *e, uint64_t imm);
+void prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol);
+int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m);
+int send_epoch(struct ofi_ep *e, uint32_t m);
+
+/* io.c: the I/O thread's state (ofi_pending under ofi_pend_mu, the rest its own) */
+extern pthread_t ofi_io_thread;
+extern int ofi_epfd, ofi_evfd;
+extern atomic_bool ofi_kicked;
+extern pthread_mutex_t ofi_pend_mu;
+extern struct ofi_ep *ofi_pending; /* created by other threads */
+extern struct ofi_ep *ofi_eps; /* owned by the I/O thread */
+extern bool ofi_wait_fds; /* the provider gives FI_WAIT_FD wait objects */
+void io_kick(void);
+void *io_main(void *arg);
+
+#endif
