@@ -7,6 +7,7 @@
 #include "ofi.h"
 
 pthread_t ofi_io_thread;
+atomic_bool ofi_io_stop;
 int ofi_epfd = -1, ofi_evfd = -1;
 atomic_bool ofi_kicked;
 pthread_mutex_t ofi_pend_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -512,7 +513,7 @@ static void io_wait(void)
 void *io_main(void *arg)
 {
 	(void)arg;
-	for (;;) {
+	while (!atomic_load(&ofi_io_stop)) {
 		struct ofi_ep *list;
 		bool busy;
 
