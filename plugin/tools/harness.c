@@ -5,6 +5,7 @@
  * *request sometimes pre-set to 0x1 before irecv) and checks every byte.
  * CLI and JSON output: see team/CONTRACTS.md "Harness contract".
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -65,6 +66,9 @@ static struct {
 } net;
 
 static double t0;
+static void *lib;
+static volatile int finalized; /* the host's side: the logger is gone after finalize */
+static volatile int late_logs;
 
 static double now_s(void)
 {
@@ -80,6 +84,9 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
 	va_list ap;
 
 	(void)flags;
+	if (finalized) {
+		late_logs++;
+	}
 	if (level > NCCL_LOG_WARN && !opt.verbose) {
 		return;
 	}
@@ -513,6 +520,40 @@ static void close_all(void)
 	}
 }
 
+/* Tear down as NCCL 2.23+ does: deregister, close every comm and listener, finalize the
+ * context, unload the plugin. By then the plugin must have stopped: a thread of it still
+ * running would execute unmapped code, a log call would reach a logger the host released.
+ * Exit status 4 when either happened (rc otherwise). */
+static int teardown(int rc)
+{
+	int threads = 0;
+	DIR *d;
+
+	close_all();
+	if (net.v == 11) {
+		T(11)->finalize(net.ctx);
+	} else if (net.v == 12) {
+		T(12)->finalize(net.ctx);
+	}
+	finalized = 1;
+	dlclose(lib);
+	d = opendir("/proc/self/task");
+	for (struct dirent *e; d && (e = readdir(d));) {
+		threads += e->d_name[0] != '.';
+	}
+	if (d) {
+		closedir(d);
+	}
+	if (threads != 1 || late_logs) {
+		fprintf(stderr,
+			"harness: after finalize and dlclose: %d plugin thread(s) still running, "
+			"%d log call(s)\n",
+			threads - 1, late_logs);
+		return rc ? rc : 4;
+	}
+	return rc;
+}
+
 static int setup(double deadline)
 {
 	char path[4096], tmp[4200];
@@ -831,7 +872,6 @@ static void idle_nap(int *idle, bool worked)
 
 int main(int argc, char **argv)
 {
-	void *lib;
 	bool worked;
 	char sym[32];
 	double deadline, next_report, stop_at = 0;
@@ -875,12 +915,10 @@ int main(int argc, char **argv)
 		opt.role == ROLE_SEND ? "send" : "recv", opt.api, ndev, opt.conns);
 	rc = setup(deadline);
 	if (rc < 0) {
-		close_all();
-		return summary(rc == -2 ? 3 : 1);
+		return teardown(summary(rc == -2 ? 3 : 1));
 	}
 	if (alloc_buffers() < 0) {
-		close_all();
-		return summary(1);
+		return teardown(summary(1));
 	}
 	data_t0 = now_s();
 	if (opt.duration >= 0) {
@@ -930,13 +968,11 @@ int main(int argc, char **argv)
 		if (now > deadline) {
 			fprintf(stderr, "harness: deadline reached\n");
 			progress_line();
-			close_all();
-			return summary(3);
+			return teardown(summary(3));
 		}
 	}
 out:
 	progress_line();
 	rc = summary(0);
-	close_all();
-	return rc;
+	return teardown(rc);
 }
