@@ -136,7 +136,8 @@ static void enqueue(const struct rh_lane_event *ev)
 {
 	pthread_mutex_lock(&evq_mu);
 	if (evq_len < RH_EVQ_MAX) {
-		evq[evq_len++] = *ev;
+		evq[evq_len] = *ev;
+		__atomic_store_n(&evq_len, evq_len + 1, __ATOMIC_RELAXED); /* peeked unlocked */
 	} else {
 		evq_dropped++;
 	}
@@ -153,7 +154,7 @@ static void flush_queued(struct rh_ctl *c)
 	}
 	if (sent) {
 		memmove(evq, evq + sent, (size_t)(evq_len - sent) * sizeof(evq[0]));
-		evq_len -= sent;
+		__atomic_store_n(&evq_len, evq_len - sent, __ATOMIC_RELAXED);
 		if (evq_dropped) {
 			INFO("%lu lane event(s) dropped while the agent was not connected",
 			     evq_dropped);
@@ -188,7 +189,7 @@ static void agent_poll(uint64_t now_ms)
 		if (rc < 0) {
 			ctl_failed = true;
 			pthread_mutex_lock(&evq_mu);
-			evq_len = 0;
+			__atomic_store_n(&evq_len, 0, __ATOMIC_RELAXED);
 			pthread_mutex_unlock(&evq_mu);
 			WARN("agent control plane unavailable (%s): working alone", strerror(-rc));
 			return;
@@ -293,7 +294,7 @@ static void agent_shutdown(void)
 	memset(&view, 0, sizeof(view));
 	clear_plans();
 	pthread_mutex_lock(&evq_mu);
-	evq_len = 0;
+	__atomic_store_n(&evq_len, 0, __ATOMIC_RELAXED);
 	evq_dropped = 0;
 	pthread_mutex_unlock(&evq_mu);
 }

@@ -517,9 +517,6 @@ int rh_accept(void *listen_comm, void **recv_comm)
 	struct rh_conn *c;
 
 	*recv_comm = NULL;
-	if (!__atomic_load_n(&l->ready_head, __ATOMIC_RELAXED) || hold(true) < 0) {
-		return 0; /* a peek, confirmed under the lock below */
-	}
 	pthread_mutex_lock(&rh_g.mu);
 	c = l->ready_head;
 	if (c) {
@@ -532,8 +529,11 @@ int rh_accept(void *listen_comm, void **recv_comm)
 		*recv_comm = c;
 	}
 	pthread_mutex_unlock(&rh_g.mu);
-	if (!c) {
-		release();
+	if (c && hold(true) < 0) {
+		/* cannot happen: the listener holds the plugin running */
+		rh_core_conn_put(c);
+		*recv_comm = NULL;
+		return -ESHUTDOWN;
 	}
 	return 0;
 }

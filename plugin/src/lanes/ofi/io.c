@@ -369,7 +369,7 @@ static bool poll_pep(struct ofi_dom *d, int nic)
 	struct ofi_ep *e;
 	int rc;
 
-	if (!d->peq) {
+	if (!atomic_load_explicit(&d->served, memory_order_acquire)) {
 		return false;
 	}
 	n = fi_eq_read(d->peq, &ev, &ent, sizeof(ent), 0);
@@ -487,7 +487,7 @@ static void io_wait(void)
 		for (int i = 0; i < rh_g.nnics; i++) {
 			struct fid *f;
 
-			if (!ofi_doms[i].peq) {
+			if (!atomic_load_explicit(&ofi_doms[i].served, memory_order_acquire)) {
 				continue;
 			}
 			f = &ofi_doms[i].peq->fid;

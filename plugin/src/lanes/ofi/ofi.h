@@ -138,6 +138,9 @@ struct ofi_rx {
 };
 
 struct ofi_dom {
+	/* set (release) once ofi_listen() has opened everything below: the I/O thread, which
+	 * runs from ofi_start() on, serves the domain only from then */
+	atomic_bool served;
 	bool ok;
 	struct fi_info *info;
 	struct fid_fabric *fabric;

@@ -130,6 +130,7 @@ static int ofi_listen(int nic)
 	}
 	rh_g.nics[nic].port = sa.sin_port;
 	INFO("ofi: lane listener on %s port %u", rh_g.nics[nic].ifname, ntohs(sa.sin_port));
+	atomic_store_explicit(&d->served, true, memory_order_release);
 	io_kick();
 	return 0;
 }
