@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +33,29 @@
 #define TCP_SCRATCH (256u << 10)
 #define TCP_CTRL_CAP (2 * (RH_HDR_LEN + RH_CTRL_MAX))
 #define TCP_HELLO_MAX 4096
+
+/*
+ * Bounds on the lane listeners: anyone who can reach a NIC can connect to them.
+ *  - A connection accepted on a listener is a pending handshake until its hello has been
+ *    handled; at most TCP_HS_MAX per listener and TCP_HS_MAX_SOURCE from one source address
+ *    are pending: one more evicts the oldest (of that source, when it is the source that is
+ *    full), so a flood cannot keep newer connections, a peer's lanes and probes among them,
+ *    out. The caps are wide because one connection opens STREAMS_PER_LANE (8) streams at
+ *    once, and NCCL opens many connections to the same peer together.
+ *  - The hello must arrive within TCP_HS_DEADLINE_MS of the accept.
+ *  - Out of descriptors (EMFILE/ENFILE from accept4, or the probe reserve below cannot be
+ *    refilled), the listener leaves its worker's poll set for TCP_ACCEPT_BACKOFF_MS instead of
+ *    waking it again and again (it is level-triggered); waiting connections stay in the
+ *    kernel's backlog meanwhile.
+ *  - TCP_FD_RESERVE descriptors (on /dev/null) are kept for outgoing streams and probes: a
+ *    socket() that fails with EMFILE/ENFILE gives one up and tries again, so the failure
+ *    detection of live connections still gets descriptors while strangers hold the rest.
+ */
+#define TCP_HS_MAX 256
+#define TCP_HS_MAX_SOURCE 128
+#define TCP_HS_DEADLINE_MS 1000
+#define TCP_ACCEPT_BACKOFF_MS 100
+#define TCP_FD_RESERVE 16
 
 enum tcp_kind {
 	K_LISTENER, /* per-NIC lane listener */
@@ -54,6 +78,7 @@ struct tcp_stream {
 	struct rh_conn *conn; /* reference held while set */
 	int idx;
 	int nic;
+	int hs_nic; /* accepted on listener hs_nic - 1 (0: not accepted): see pending_del() */
 	uint64_t deadline_ms;
 	uint64_t cookie;
 	atomic_bool dead; /* fenced: reap at the next scan */
@@ -109,6 +134,148 @@ struct tcp_worker {
 static struct tcp_worker *workers;
 static int nworkers;
 static atomic_uint next_worker;
+
+/* The pending handshakes of one NIC's listener, oldest first (mu), and its backoff state
+ * (the listener's worker only). */
+struct tcp_pending {
+	struct tcp_stream *s;
+	uint32_t src;
+};
+
+struct tcp_lsn {
+	pthread_mutex_t mu;
+	int n;
+	struct tcp_pending p[TCP_HS_MAX];
+	unsigned long evicted;
+	bool off; /* out of the poll set until backoff_until_ms */
+	uint64_t backoff_until_ms;
+	uint64_t t_warned_ms;
+	unsigned long backoffs;
+};
+
+static struct tcp_lsn lsns[RH_MAX_NICS];
+
+static int fd_reserve[TCP_FD_RESERVE];
+static int nreserve;
+static pthread_mutex_t reserve_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Refill the reserve; true when it is full (false: the process is at its descriptor limit). */
+static bool fd_reserve_refill(void)
+{
+	bool full;
+
+	pthread_mutex_lock(&reserve_mu);
+	while (nreserve < TCP_FD_RESERVE) {
+		int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+		if (fd < 0) {
+			break;
+		}
+		fd_reserve[nreserve++] = fd;
+	}
+	full = nreserve == TCP_FD_RESERVE;
+	pthread_mutex_unlock(&reserve_mu);
+	return full;
+}
+
+/* Give up one reserved descriptor (socket() failed with EMFILE/ENFILE); false if none left. */
+static bool fd_reserve_take(void)
+{
+	bool took = false;
+
+	pthread_mutex_lock(&reserve_mu);
+	if (nreserve > 0) {
+		close(fd_reserve[--nreserve]);
+		took = true;
+	}
+	pthread_mutex_unlock(&reserve_mu);
+	return took;
+}
+
+static void fd_reserve_release(void)
+{
+	pthread_mutex_lock(&reserve_mu);
+	while (nreserve > 0) {
+		close(fd_reserve[--nreserve]);
+	}
+	pthread_mutex_unlock(&reserve_mu);
+}
+
+static int lane_socket(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd < 0 && (errno == EMFILE || errno == ENFILE) && fd_reserve_take()) {
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	}
+	return fd;
+}
+
+static void pending_remove_at(struct tcp_lsn *ls, int i)
+{
+	__atomic_store_n(&ls->p[i].s->hs_nic, 0, __ATOMIC_RELAXED);
+	memmove(&ls->p[i], &ls->p[i + 1], (size_t)(ls->n - i - 1) * sizeof(ls->p[0]));
+	ls->n--;
+}
+
+static void worker_kick(struct tcp_worker *w);
+
+/* List a connection just accepted on NIC nic's listener (before anyone else can see it),
+ * evicting the oldest pending handshake when a cap is reached. */
+static void pending_add(int nic, struct tcp_stream *s, uint32_t src)
+{
+	struct tcp_lsn *ls = &lsns[nic];
+	int same = 0, oldest_same = -1, victim = -1;
+
+	pthread_mutex_lock(&ls->mu);
+	for (int i = 0; i < ls->n; i++) {
+		if (ls->p[i].src == src && same++ == 0) {
+			oldest_same = i;
+		}
+	}
+	if (same >= TCP_HS_MAX_SOURCE) {
+		victim = oldest_same;
+	} else if (ls->n >= TCP_HS_MAX) {
+		victim = 0;
+	}
+	if (victim >= 0) {
+		struct tcp_stream *v = ls->p[victim].s;
+
+		pending_remove_at(ls, victim);
+		atomic_store(&v->dead, true); /* its worker reaps it at the next scan */
+		worker_kick(v->w);
+		ls->evicted++;
+	}
+	__atomic_store_n(&s->hs_nic, nic + 1, __ATOMIC_RELAXED);
+	ls->p[ls->n].s = s;
+	ls->p[ls->n].src = src;
+	ls->n++;
+	pthread_mutex_unlock(&ls->mu);
+}
+
+/* The handshake of an accepted connection ended (its hello arrived, or it is reaped). Returns
+ * false when it had been evicted meanwhile (it must then be dropped, never used). */
+static bool pending_del(struct tcp_stream *s)
+{
+	struct tcp_lsn *ls;
+	bool listed = false;
+	int nic = __atomic_load_n(&s->hs_nic, __ATOMIC_RELAXED) - 1;
+
+	if (nic < 0) {
+		return !atomic_load(&s->dead);
+	}
+	ls = &lsns[nic];
+	pthread_mutex_lock(&ls->mu);
+	for (int i = 0; i < ls->n; i++) {
+		if (ls->p[i].s == s) {
+			pending_remove_at(ls, i);
+			listed = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ls->mu);
+	return listed;
+}
 
 static void worker_kick(struct tcp_worker *w)
 {
@@ -265,7 +432,7 @@ static struct tcp_stream *dial(int lnic, uint32_t ip, uint16_t port, enum tcp_ki
 	struct tcp_stream *s;
 	int fd, rc, len;
 
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	fd = lane_socket();
 	if (fd < 0) {
 		*err = -errno;
 		return NULL;
@@ -554,6 +721,7 @@ static void stream_reap(struct tcp_stream *s)
 {
 	struct rh_conn *c = s->conn;
 
+	pending_del(s);
 	epoll_ctl(s->w->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	if (s->tx_core && s->lane) {
 		s->tx_core = false;
@@ -597,8 +765,8 @@ static void on_accept_hello(struct tcp_stream *s)
 	struct rh_lane *lane;
 	int len;
 
-	if (rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
-		s->reap = true;
+	if (!pending_del(s) || rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
+		s->reap = true; /* evicted while its hello arrived, or a bad hello */
 		return;
 	}
 	if (!s->txbuf && !(s->txbuf = malloc(TCP_CTRL_CAP))) {
@@ -917,13 +1085,61 @@ static void drain_ctrl(struct tcp_stream *s)
 	}
 }
 
+/* Out of descriptors: take the listener out of its worker's poll set for a while (the worker's
+ * scan puts it back). */
+static void listener_backoff(struct tcp_stream *l, const char *why)
+{
+	struct tcp_lsn *ls = &lsns[l->nic];
+	uint64_t now = rh_now_ms();
+
+	epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
+	ls->off = true;
+	ls->backoff_until_ms = now + TCP_ACCEPT_BACKOFF_MS;
+	ls->backoffs++;
+	if (now - ls->t_warned_ms >= 10000) {
+		ls->t_warned_ms = now;
+		WARN("lane listener on %s: %s; not accepting for %d ms (%lu backoffs, %lu pending "
+		     "handshakes evicted so far)",
+		     rh_g.nics[l->nic].ifname, why, TCP_ACCEPT_BACKOFF_MS, ls->backoffs,
+		     ls->evicted);
+	}
+}
+
+static void listener_rearm(struct tcp_stream *l, uint64_t now)
+{
+	struct tcp_lsn *ls = &lsns[l->nic];
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = l };
+
+	if (!ls->off || now < ls->backoff_until_ms) {
+		return;
+	}
+	if (epoll_ctl(l->w->epfd, EPOLL_CTL_ADD, l->fd, &ev) == 0) {
+		ls->off = false;
+	} else {
+		ls->backoff_until_ms = now + TCP_ACCEPT_BACKOFF_MS;
+	}
+}
+
 static void on_listener(struct tcp_stream *l)
 {
-	for (;;) {
-		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	/* a bounded batch per wake-up: the listener is level-triggered, the rest comes next */
+	for (int k = 0; k < 64; k++) {
+		struct sockaddr_in sa = { 0 };
+		socklen_t len = sizeof(sa);
 		struct tcp_stream *s;
+		int fd;
 
+		if (!fd_reserve_refill()) {
+			listener_backoff(l,
+					 "descriptor limit reached (probe reserve not refilled)");
+			return;
+		}
+		fd = accept4(l->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+			    errno == ENOMEM) {
+				listener_backoff(l, strerror(errno));
+			}
 			return;
 		}
 		sock_tune(fd);
@@ -934,7 +1150,8 @@ static void on_listener(struct tcp_stream *l)
 		}
 		s->state = ST_HELLO_IN;
 		s->nic = l->nic;
-		s->deadline_ms = rh_now_ms() + 5000;
+		s->deadline_ms = rh_now_ms() + TCP_HS_DEADLINE_MS;
+		pending_add(l->nic, s, sa.sin_family == AF_INET ? sa.sin_addr.s_addr : 0);
 		stream_add(s);
 	}
 }
@@ -1023,6 +1240,9 @@ static void *worker_main(void *arg)
 			if (s->rx_more && !s->reap) {
 				do_rx(s);
 			}
+			if (scan && s->kind == K_LISTENER) {
+				listener_rearm(s, now);
+			}
 			if (scan && !s->reap && s->kind != K_LISTENER) {
 				if (atomic_load(&s->dead)) {
 					if (s->tx_active && !s->tx_data &&
@@ -1061,6 +1281,11 @@ static int tcp_start(int nthreads)
 	}
 	nworkers = nthreads;
 	atomic_store(&next_worker, 0);
+	for (int i = 0; i < RH_MAX_NICS; i++) {
+		memset(&lsns[i], 0, sizeof(lsns[i]));
+		pthread_mutex_init(&lsns[i].mu, NULL);
+	}
+	fd_reserve_refill();
 	for (int i = 0; i < nthreads; i++) {
 		workers[i].epfd = workers[i].evfd = -1; /* what tcp_stop() closes after a failure */
 	}
@@ -1141,6 +1366,10 @@ static void tcp_stop(void)
 	for (int i = 0; i < nworkers; i++) {
 		worker_reap_all(&workers[i]);
 	}
+	for (int i = 0; i < RH_MAX_NICS; i++) {
+		pthread_mutex_destroy(&lsns[i].mu);
+	}
+	fd_reserve_release();
 	for (int i = 0; i < nworkers; i++) {
 		struct tcp_worker *w = &workers[i];
 
