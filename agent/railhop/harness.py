@@ -555,6 +555,7 @@ class HarnessRun:
                     stderr=err,
                     text=True,
                     bufsize=1,
+                    cwd=self.workdir,  # crash files (core, *.btr) land here, not in the caller's
                 )
             self.sides[role] = _Side(role, node, proc, err_path, self.on_progress)
         return self
