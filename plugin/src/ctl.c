@@ -40,9 +40,9 @@
 					__VA_ARGS__);                                   \
 		}                                                                       \
 	} while (0)
-#define WARN(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_WARN, __VA_ARGS__)
-#define INFO(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_INFO, __VA_ARGS__)
-#define TRACE(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_TRACE, __VA_ARGS__)
+#define CTL_WARN(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_WARN, __VA_ARGS__)
+#define CTL_INFO(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_INFO, __VA_ARGS__)
+#define CTL_TRACE(ctl, ...) CTL_LOG(ctl, RH_CTL_LOG_TRACE, __VA_ARGS__)
 #define STAT_INC(ctl, field) __atomic_fetch_add(&(ctl)->stats.field, 1, __ATOMIC_RELAXED)
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -271,7 +271,7 @@ int rh_ctl_open(const char *run_dir, const struct rh_ctl_opts *opts, struct rh_c
 	ctl->next_map_id = 1;
 	pthread_mutex_init(&ctl->poll_lock, NULL);
 	pthread_mutex_init(&ctl->sock_lock, NULL);
-	INFO(ctl, "railhop control plane in %s", run_dir);
+	CTL_INFO(ctl, "railhop control plane in %s", run_dir);
 	rh_ctl_refresh(ctl);
 	*out = ctl;
 	return 0;
@@ -326,8 +326,8 @@ static int map_table(struct rh_ctl *ctl)
 	if (stat(ctl->table_path, &st) != 0) {
 		rc = -errno;
 		if (!ctl->absent_logged) {
-			INFO(ctl, "no agent table at %s (%s): working alone until one appears",
-			     ctl->table_path, strerror(-rc));
+			CTL_INFO(ctl, "no agent table at %s (%s): working alone until one appears",
+				 ctl->table_path, strerror(-rc));
 			ctl->absent_logged = 1;
 		}
 		return rc;
@@ -345,8 +345,8 @@ static int map_table(struct rh_ctl *ctl)
 		return -errno;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < RH_CTL_TABLE_SIZE) {
-		WARN(ctl, "agent table %s is not a regular file of >= %d bytes: ignored",
-		     ctl->table_path, RH_CTL_TABLE_SIZE);
+		CTL_WARN(ctl, "agent table %s is not a regular file of >= %d bytes: ignored",
+			 ctl->table_path, RH_CTL_TABLE_SIZE);
 		rc = -EPROTO;
 		goto reject;
 	}
@@ -354,16 +354,17 @@ static int map_table(struct rh_ctl *ctl)
 	if (base == MAP_FAILED) {
 		rc = -errno;
 		close(fd);
-		WARN(ctl, "mmap %s: %s", ctl->table_path, strerror(-rc));
+		CTL_WARN(ctl, "mmap %s: %s", ctl->table_path, strerror(-rc));
 		return rc;
 	}
 	memcpy(&h, base, sizeof(h));
 	if (check_header(&h) != 0) {
-		WARN(ctl,
-		     "agent table %s has magic %#x layout %u (want %#x layout %u) or other sizes: "
-		     "ignored, working alone",
-		     ctl->table_path, h.magic, h.layout_version, RH_CTL_MAGIC,
-		     RH_CTL_LAYOUT_VERSION);
+		CTL_WARN(
+			ctl,
+			"agent table %s has magic %#x layout %u (want %#x layout %u) or other sizes: "
+			"ignored, working alone",
+			ctl->table_path, h.magic, h.layout_version, RH_CTL_MAGIC,
+			RH_CTL_LAYOUT_VERSION);
 		munmap(base, RH_CTL_TABLE_SIZE);
 		rc = -EPROTO;
 		goto reject;
@@ -390,8 +391,8 @@ static int map_table(struct rh_ctl *ctl)
 	__atomic_store_n(&ctl->cur, m, __ATOMIC_RELEASE);
 	STAT_INC(ctl, remaps);
 	ctl->absent_logged = 0;
-	INFO(ctl, "agent table %s: agent pid %u generation %llu%s", ctl->table_path, h.agent_pid,
-	     (unsigned long long)h.generation, cur ? " (agent restarted)" : "");
+	CTL_INFO(ctl, "agent table %s: agent pid %u generation %llu%s", ctl->table_path,
+		 h.agent_pid, (unsigned long long)h.generation, cur ? " (agent restarted)" : "");
 	return 1;
 reject:
 	close(fd);
@@ -414,8 +415,8 @@ static void check_agent_alive(struct rh_ctl *ctl)
 	rc = proc_start_ticks(m->agent_pid, &ticks);
 	if (rc == -ENOENT || (rc == 0 && ticks != m->agent_start_ticks)) {
 		__atomic_store_n(&m->dead, 1, __ATOMIC_RELEASE);
-		WARN(ctl, "agent pid %u (generation %llu) is gone: working alone", m->agent_pid,
-		     (unsigned long long)m->generation);
+		CTL_WARN(ctl, "agent pid %u (generation %llu) is gone: working alone", m->agent_pid,
+			 (unsigned long long)m->generation);
 	}
 }
 
@@ -564,8 +565,9 @@ proto:
 	invalidate(v);
 	STAT_INC(ctl, proto_errors);
 	if (!__atomic_exchange_n(&m->warned, 1, __ATOMIC_RELAXED)) {
-		WARN(ctl, "agent table %s (generation %llu) is corrupt: ignoring it, working alone",
-		     ctl->table_path, (unsigned long long)m->generation);
+		CTL_WARN(ctl,
+			 "agent table %s (generation %llu) is corrupt: ignoring it, working alone",
+			 ctl->table_path, (unsigned long long)m->generation);
 	}
 	return -EPROTO;
 }
@@ -606,8 +608,8 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 		rc = -errno;
 		close(fd);
 		if (!ctl->connect_warned) {
-			INFO(ctl, "agent socket %s: %s (lane events dropped until it is up)",
-			     ctl->sock_addr.sun_path, strerror(-rc));
+			CTL_INFO(ctl, "agent socket %s: %s (lane events dropped until it is up)",
+				 ctl->sock_addr.sun_path, strerror(-rc));
 			ctl->connect_warned = 1;
 		}
 		return rc;
@@ -615,7 +617,7 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 	ctl->sock_fd = fd;
 	ctl->connect_warned = 0;
 	STAT_INC(ctl, connects);
-	INFO(ctl, "connected to agent socket %s", ctl->sock_addr.sun_path);
+	CTL_INFO(ctl, "connected to agent socket %s", ctl->sock_addr.sun_path);
 	return 0;
 }
 
@@ -661,7 +663,7 @@ int rh_ctl_send_event(struct rh_ctl *ctl, const struct rh_lane_event *ev)
 			break;
 		}
 		/* the agent went away (restart): reconnect once at once */
-		TRACE(ctl, "agent socket send: %s, reconnecting", strerror(-rc));
+		CTL_TRACE(ctl, "agent socket send: %s, reconnecting", strerror(-rc));
 		close(ctl->sock_fd);
 		ctl->sock_fd = -1;
 		rc = -ENOTCONN;

@@ -2,8 +2,8 @@
 /*
  * Logging and error propagation. Messages go through the logger NCCL passed to init (so
  * NCCL_DEBUG / NCCL_DEBUG_SUBSYS=NET apply), prefixed "railhop"; before init and after the
- * plugin has shut down only WARN reaches stderr. Inside the plugin every function returns 0 or a negative errno; ncclResult_t exists
- * only in api_nccl.c.
+ * plugin has stopped only WARN reaches stderr. Inside the plugin every function returns 0 or a
+ * negative errno; ncclResult_t exists only in api_nccl.c; CHECK() propagates one.
  */
 #ifndef RH_LOG_H
 #define RH_LOG_H
@@ -28,16 +28,6 @@ void rh_log(ncclDebugLogLevel level, const char *file, int line, const char *fun
 			TRACE("%s failed: %d", #call, rh_rc_); \
 			return rh_rc_;                         \
 		}                                              \
-	} while (0)
-
-/* Store a negative errno result in rc and jump to an unwind label. */
-#define CHECKGOTO(call, rc, label)                           \
-	do {                                                 \
-		(rc) = (call);                               \
-		if ((rc) < 0) {                              \
-			TRACE("%s failed: %d", #call, (rc)); \
-			goto label;                          \
-		}                                            \
 	} while (0)
 
 #endif

@@ -3,7 +3,14 @@
  * railhop-harness: drives an ncclNet plugin the way NCCL's proxy thread does (one thread
  * progressing every connection, up to --inflight requests each, NULL request = try later,
  * *request sometimes pre-set to 0x1 before irecv) and checks every byte.
- * CLI and JSON output: see team/CONTRACTS.md "Harness contract".
+ * CLI: usage() below. Output: one JSON object per line on stdout, {"type":"progress",...}
+ * every --interval-ms (bytes in total and per connection, messages) and a final
+ * {"type":"summary",...} (bytes, elapsed_s, data_errors, request_errors, first_error, gbps);
+ * the receiver writes the connection handles into the --rendezvous directory, the sender reads
+ * them (handle.<i>). Exit status (summary()): 0 every byte checked and no request failed (with
+ * --expect-error: a request failed with ncclRemoteError/ncclSystemError and no data error),
+ * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed. tests/privileged/test_datapath*.py drive
+ * it.
  */
 #include <dirent.h>
 #include <dlfcn.h>

@@ -1,5 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
+ * Connections and their lanes: creation and references, the io guard, adding, opening and
+ * fencing lanes, the control-frame queue, and the services the core offers the transports
+ * (lanes/lane_ops.h: stream attach/detach, NIC lookup, connection queries). The data path is
+ * in data.c, failure handling in failover.c.
+ */
+/*
  * The data path of a connection: requests (isend/irecv/test), clear-to-send, chunk placement,
  * acknowledgements, control frames; transport callbacks. Failure handling is in failover.c.
  */
@@ -9,13 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "../log.h"
 #include "../param.h"
 #include "../probes.h"
-#include "health.h"
 #include "conn.h"
+#include "health.h"
 #include "sched.h"
 
 struct rh_global rh_g = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -31,6 +38,18 @@ uint64_t rh_now_ns(void)
 uint64_t rh_now_ms(void)
 {
 	return rh_now_ns() / 1000000;
+}
+
+uint64_t rh_random_id(void)
+{
+	uint64_t v = 0;
+
+	while (v == 0 || v == UINT64_MAX) {
+		if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) {
+			v = rh_now_ns() ^ (uint64_t)(uintptr_t)&v;
+		}
+	}
+	return v;
 }
 
 struct rh_conn *rh_conn_new(bool is_send)
@@ -67,7 +86,7 @@ void rh_conn_get(struct rh_conn *c)
 	atomic_fetch_add(&c->refs, 1);
 }
 
-static void rreq_free_bits(struct rh_rreq *q)
+void rh_rreq_free_bits(struct rh_rreq *q)
 {
 	for (int s = 0; s < RH_MAX_RECVS; s++) {
 		free(q->bits[s]);
@@ -84,7 +103,7 @@ void rh_core_conn_put(struct rh_conn *c)
 		free(c->lanes[i]);
 	}
 	for (int i = 0; i < RH_RING; i++) {
-		rreq_free_bits(&c->rreqs[i]);
+		rh_rreq_free_bits(&c->rreqs[i]);
 	}
 	free(c->ctrl);
 	pthread_mutex_destroy(&c->mu);
@@ -320,708 +339,105 @@ void rh_conn_fail(struct rh_conn *c, int err, const char *why)
 
 /* --- sender --- */
 
-static void sendq_push(struct rh_conn *c, struct rh_sreq *s)
+/* --- services for the transports (lanes/lane_ops.h) --- */
+
+void rh_core_conn_get(struct rh_conn *c)
 {
-	if (s->queued) {
-		return;
-	}
-	s->queued = true;
-	s->qnext = NULL;
-	if (c->qtail) {
-		c->qtail->qnext = s;
+	rh_conn_get(c);
+}
+
+struct rh_nic *rh_core_nic(int nic)
+{
+	return &rh_g.nics[nic];
+}
+
+int rh_core_nic_count(void)
+{
+	return rh_g.nnics;
+}
+
+uint64_t rh_core_conn_id(const struct rh_conn *c)
+{
+	return c->id;
+}
+
+bool rh_core_conn_is_send(const struct rh_conn *c)
+{
+	return c->is_send;
+}
+
+uint64_t rh_core_conn_chunk(const struct rh_conn *c)
+{
+	return c->chunk;
+}
+
+bool rh_core_conn_closed(struct rh_conn *c)
+{
+	return atomic_load(&c->closed);
+}
+
+uint32_t rh_core_conn_epoch(struct rh_conn *c)
+{
+	return __atomic_load_n(&c->epoch, __ATOMIC_RELAXED);
+}
+
+uint32_t rh_core_conn_rx_min_epoch(struct rh_conn *c)
+{
+	return __atomic_load_n(&c->rx_min_epoch, __ATOMIC_ACQUIRE);
+}
+
+uint32_t rh_core_conn_resume_epoch(struct rh_conn *c)
+{
+	return __atomic_load_n(&c->resume_epoch, __ATOMIC_ACQUIRE);
+}
+
+int rh_core_stream_attach(struct rh_lane *lane, int idx, int max, void *s, size_t tp_size, bool io)
+{
+	struct rh_conn *c = lane->conn;
+	struct rh_lane_streams *st;
+	int rc = 0;
+
+	pthread_mutex_lock(&c->mu);
+	st = lane->tp;
+	if (lane->state != RH_LANE_OPENING || idx < 0 || idx >= max || idx >= RH_LANE_MAX_STREAMS ||
+	    (st && st->s[idx])) {
+		rc = -EPROTO;
+	} else if (io && !rh_core_io_enter(c)) {
+		rc = -ECONNABORTED;
+	} else if (!st && !(st = lane->tp = calloc(1, tp_size))) {
+		if (io) {
+			rh_core_io_exit(c);
+		}
+		rc = -ENOMEM;
 	} else {
-		c->qhead = s;
+		st->s[idx] = s;
+		st->live++;
 	}
-	c->qtail = s;
-}
-
-static void sendq_remove(struct rh_conn *c, struct rh_sreq *s)
-{
-	struct rh_sreq **pp = &c->qhead, *prev = NULL;
-
-	if (!s->queued) {
-		return;
-	}
-	while (*pp && *pp != s) {
-		prev = *pp;
-		pp = &(*pp)->qnext;
-	}
-	if (*pp) {
-		*pp = s->qnext;
-		if (c->qtail == s) {
-			c->qtail = prev;
-		}
-	}
-	s->queued = false;
-	s->qnext = NULL;
-}
-
-static struct rh_sreq *sreq_at(struct rh_conn *c, uint64_t seq, int slot)
-{
-	return &c->sreqs[(seq % RH_RING) * RH_MAX_RECVS + slot];
-}
-
-/* Drop fully matched records at the front of the CTS ring. */
-static void cts_advance(struct rh_conn *c)
-{
-	while (c->cts_base < c->cts_next) {
-		struct rh_cts_slot *r = &c->cts[c->cts_base % RH_RING];
-		uint8_t all = (uint8_t)((1u << r->cts.n) - 1);
-
-		if (!r->present || (r->matched & all) != all) {
-			break;
-		}
-		r->present = false;
-		c->cts_base++;
-	}
-}
-
-static void cts_store(struct rh_conn *c, const struct rh_cts *cts)
-{
-	struct rh_cts_slot *r;
-
-	if (cts->seq < c->cts_base || cts->seq >= c->cts_base + RH_RING) {
-		return; /* duplicate (already matched) or out of window */
-	}
-	r = &c->cts[cts->seq % RH_RING];
-	if (r->present && r->cts.seq == cts->seq) {
-		return;
-	}
-	r->cts = *cts;
-	r->present = true;
-	r->matched = 0;
-	if (cts->seq + 1 > c->cts_next) {
-		c->cts_next = cts->seq + 1;
-	}
-}
-
-int rh_isend(void *comm, void *data, size_t size, int tag, void **request)
-{
-	struct rh_conn *c = comm;
-	struct rh_cts_slot recs[RH_RING];
-	struct rh_sreq *s;
-	int n = 0, i, slot, rc = 0;
-
-	*request = NULL;
-	pthread_mutex_lock(&c->mu);
-	if (c->err) {
-		rc = c->err;
-		goto out;
-	}
-	for (uint64_t q = c->cts_base; q < c->cts_next && n < RH_RING; q++) {
-		recs[n] = c->cts[q % RH_RING];
-		if (recs[n].present && recs[n].cts.seq != q) {
-			recs[n].present = false;
-		}
-		n++;
-	}
-	i = rh_match_tag(recs, n, tag, &slot);
-	if (i < 0) {
-		goto out; /* receiver has not posted a matching buffer yet: try later */
-	}
-	s = sreq_at(c, c->cts_base + i, slot);
-	if (s->used) {
-		goto out; /* previous user of this slot not tested yet */
-	}
-	if (size > recs[i].cts.sizes[slot]) {
-		WARN("send of %zu bytes to a %llu-byte receive (tag %d)", size,
-		     (unsigned long long)recs[i].cts.sizes[slot], tag);
-		rc = -EMSGSIZE;
-		goto out;
-	}
-	c->cts[(c->cts_base + i) % RH_RING].matched |= (uint8_t)(1u << slot);
-	memset(s, 0, sizeof(*s));
-	s->r.kind = RH_REQ_SEND;
-	s->r.conn = c;
-	s->used = true;
-	s->seq = c->cts_base + i;
-	s->slot = slot;
-	s->buf = data;
-	s->size = size;
-	s->nchunks = rh_sched_nchunks(size, c->chunk);
-	s->gen = RH_GEN_NEW;
-	s->t_start_ns = rh_now_ns();
-	cts_advance(c);
-	sendq_push(c, s);
-	rh_conn_kick_data(c);
-	*request = s;
-out:
 	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-/* --- receiver --- */
-
-/* True when no posted receive is waiting for data. */
-static bool rreqs_all_complete(struct rh_conn *c)
-{
-	for (int i = 0; i < RH_RING; i++) {
-		if (c->rreqs[i].used && !c->rreqs[i].complete) {
-			return false;
-		}
-	}
-	return true;
-}
-
-bool rh_conn_rx_waiting(struct rh_conn *c)
-{
-	return !c->is_send && !rreqs_all_complete(c);
-}
-
-int rh_irecv(void *comm, int n, void **data, const size_t *sizes, const int *tags, void **request)
-{
-	struct rh_conn *c = comm;
-	struct rh_rreq *q;
-	struct rh_cts cts;
-	uint8_t buf[12 * RH_MAX_RECVS];
-	struct rh_hdr h = { .type = RH_F_CTS };
-	int rc = 0, len;
-
-	*request = NULL;
-	if (n < 1 || n > RH_MAX_RECVS) {
-		return -EINVAL;
-	}
-	pthread_mutex_lock(&c->mu);
-	if (c->err) {
-		rc = c->err;
-		goto out;
-	}
-	if (c->nrecv_out >= RH_MAX_RECV_OUT) {
-		goto out; /* try later */
-	}
-	q = &c->rreqs[c->rx_next_seq % RH_RING];
-	if (q->used) {
-		goto out;
-	}
-	rreq_free_bits(q);
-	memset(q, 0, sizeof(*q));
-	q->r.kind = RH_REQ_RECV;
-	q->r.conn = c;
-	q->seq = c->rx_next_seq;
-	q->n = n;
-	cts.seq = q->seq;
-	cts.n = n;
-	for (int s = 0; s < n; s++) {
-		uint64_t nbits = rh_sched_nchunks(sizes[s], c->chunk);
-
-		q->bufs[s] = data[s];
-		q->sizes[s] = sizes[s];
-		q->tags[s] = tags ? tags[s] : 0;
-		q->total[s] = UINT64_MAX;
-		q->bits[s] = calloc((nbits + 63) / 64, sizeof(uint64_t));
-		if (!q->bits[s]) {
-			rreq_free_bits(q);
-			rc = -ENOMEM;
-			goto out;
-		}
-		cts.tags[s] = q->tags[s];
-		cts.sizes[s] = sizes[s];
-	}
-	len = rh_cts_put(&cts, buf, sizeof(buf));
-	h.seq = q->seq;
-	h.aux = (uint32_t)n;
-	rc = rh_conn_queue_ctrl(c, &h, buf, (size_t)len);
 	if (rc < 0) {
-		rreq_free_bits(q);
-		goto out;
+		rh_core_conn_put(c);
 	}
-	q->used = true;
-	q->t_start_ns = rh_now_ns();
-	if (c->nrecv_out == 0 || rreqs_all_complete(c)) {
-		c->t_rx_progress_ms = rh_now_ms();
-	}
-	c->rx_next_seq++;
-	c->nrecv_out++;
-	*request = q;
-out:
-	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
 
-/* List the runs of chunks already placed in the incomplete slots of r's receives, within
- * budget bytes of record, oldest receive first (it is the likeliest to be mostly placed). */
-static void record_runs(struct rh_conn *c, struct rh_resume *r, size_t budget)
+void rh_core_stream_detach(struct rh_conn *c, struct rh_lane *lane, int idx, void *s,
+			   void (*release)(void *tp))
 {
-	for (int i = 0; i < r->nout; i++) {
-		struct rh_rreq *q = &c->rreqs[r->out[i].seq % RH_RING];
+	pthread_mutex_lock(&c->mu);
+	if (lane && lane->tp) {
+		struct rh_lane_streams *st = lane->tp;
 
-		for (int k = 0; k < r->out[i].n; k++) {
-			int max = (int)(budget / 8 < RH_RESUME_RUNS ? budget / 8 : RH_RESUME_RUNS);
-
-			if ((r->done[i] & (1u << k)) || q->total[k] == UINT64_MAX || !q->bits[k] ||
-			    max == 0) {
-				continue;
-			}
-			r->nruns[i][k] = (uint8_t)rh_sched_runs_from_bits(
-				q->bits[k], rh_sched_nchunks(q->total[k], c->chunk), r->runs[i][k],
-				max);
-			budget -= 8 * (size_t)r->nruns[i][k];
-		}
-	}
-}
-
-/* Encode the receiver's completion record (next sequence + incomplete receives with the
- * chunks they already hold). */
-static int build_record(struct rh_conn *c, uint8_t *buf, size_t cap, int ndead,
-			const uint32_t *dead)
-{
-	struct rh_resume *r = calloc(1, sizeof(*r));
-	size_t base;
-	int len;
-
-	if (!r) {
-		return -ENOMEM;
-	}
-	r->next_seq = c->rx_next_seq;
-	r->ndead = ndead;
-	if (ndead > 0) {
-		memcpy(r->dead, dead, sizeof(uint32_t) * (size_t)ndead);
-	}
-	for (uint64_t s = c->rx_next_seq >= RH_RING ? c->rx_next_seq - RH_RING : 0;
-	     s < c->rx_next_seq; s++) {
-		struct rh_rreq *q = &c->rreqs[s % RH_RING];
-
-		if (!q->used || q->seq != s || q->complete) {
-			continue;
-		}
-		r->out[r->nout].seq = s;
-		r->out[r->nout].n = q->n;
-		for (int k = 0; k < q->n; k++) {
-			r->out[r->nout].tags[k] = q->tags[k];
-			r->out[r->nout].sizes[k] = q->sizes[k];
-		}
-		r->done[r->nout] = q->done_mask;
-		r->nout++;
-	}
-	base = rh_resume_base_len(r);
-	if (base < cap) {
-		record_runs(c, r, cap - base);
-	}
-	len = rh_resume_put(r, buf, cap);
-	free(r);
-	return len;
-}
-
-int rh_conn_queue_resume(struct rh_conn *c, bool answer)
-{
-	struct rh_hdr h = { .type = RH_F_RESUME, .aux = answer ? RH_RESUME_ANSWER : 0 };
-	uint8_t *buf = malloc(RH_CTRL_MAX);
-	int len, rc;
-
-	if (!buf) {
-		return -ENOMEM;
-	}
-	len = build_record(c, buf, RH_CTRL_MAX, c->fo.ndead, c->fo.dead);
-	if (len < 0) {
-		free(buf);
-		return len;
-	}
-	/* Everything older than this epoch that is still in flight is dropped: the sender
-	 * replays the chunks of unacknowledged messages the record does not list as placed,
-	 * with the new epoch. */
-	c->rx_min_epoch = c->epoch;
-	rc = rh_conn_queue_ctrl(c, &h, buf, (size_t)len);
-	free(buf);
-	c->fo.ndead = 0;
-	return rc;
-}
-
-/* BYE for the whole connection; a receiver appends its completion record so acknowledgements
- * lost with a failed lane are not lost for good when it closes. */
-int rh_conn_queue_bye(struct rh_conn *c)
-{
-	struct rh_hdr h = { .type = RH_F_BYE, .aux = UINT32_MAX };
-	uint8_t *buf;
-	int len = 0, rc;
-
-	if (c->is_send) {
-		return rh_conn_queue_ctrl(c, &h, NULL, 0);
-	}
-	buf = malloc(RH_CTRL_MAX);
-	if (!buf) {
-		return -ENOMEM;
-	}
-	len = build_record(c, buf, RH_CTRL_MAX, 0, NULL);
-	rc = rh_conn_queue_ctrl(c, &h, buf, len > 0 ? (size_t)len : 0);
-	free(buf);
-	return rc;
-}
-
-/* Sender: apply a closing receiver's record: what it completed is acknowledged. */
-static void apply_bye_record(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
-{
-	struct rh_resume *r;
-
-	if (!h->len || !(r = malloc(sizeof(*r)))) {
-		return;
-	}
-	if (rh_resume_get(p, h->len, r) == 0) {
-		for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
-			struct rh_sreq *s = &c->sreqs[i];
-			bool listed = false, done = false;
-
-			if (!s->used || s->acked) {
-				continue;
-			}
-			for (int k = 0; k < r->nout; k++) {
-				if (r->out[k].seq == s->seq) {
-					listed = true;
-					done = r->done[k] & (1u << s->slot);
+		if (idx >= 0 && idx < RH_LANE_MAX_STREAMS && st->s[idx] == s) {
+			st->s[idx] = NULL;
+			if (--st->live == 0) {
+				lane->tp = NULL;
+				if (release) {
+					release(st);
 				}
-			}
-			if (done || (!listed && s->seq < r->next_seq)) {
-				s->acked = true;
-				sendq_remove(c, s);
+				free(st);
 			}
 		}
 	}
-	free(r);
-}
-
-static void rreq_check_slot(struct rh_conn *c, struct rh_rreq *q, int s, int lane)
-{
-	struct rh_hdr ack = { .type = RH_F_ACK };
-
-	if ((q->done_mask & (1u << s)) || q->total[s] == UINT64_MAX || q->got[s] != q->total[s] ||
-	    q->writers[s]) {
-		return;
-	}
-	q->done_mask |= (uint8_t)(1u << s);
-	ack.seq = q->seq;
-	ack.slot = (uint8_t)s;
-	ack.total = q->total[s];
-	rh_conn_queue_ctrl(c, &ack, NULL, 0);
-	if (q->done_mask == (uint8_t)((1u << q->n) - 1)) {
-		q->complete = true;
-		for (int k = 0; k < q->n; k++) {
-			RH_PROBE3(req_done, lane, q->total[k], rh_now_ns() - q->t_start_ns);
-		}
-	}
-}
-
-void *rh_core_rx_data(struct rh_lane *l, const struct rh_hdr *h, bool *counted)
-{
-	struct rh_conn *c = l->conn;
-	struct rh_rreq *q;
-	void *dst = NULL;
-	uint64_t idx, off, len;
-
-	*counted = false;
-	pthread_mutex_lock(&c->mu);
-	if (c->is_send || atomic_load(&c->closed) || h->epoch < c->rx_min_epoch ||
-	    l->state == RH_LANE_DEAD) {
-		goto out;
-	}
-	q = &c->rreqs[h->seq % RH_RING];
-	if (!q->used || q->seq != h->seq || q->complete || h->slot >= q->n ||
-	    (q->done_mask & (1u << h->slot))) {
-		goto out;
-	}
-	if (h->total > q->sizes[h->slot]) {
-		WARN("message of %llu bytes for a %llu-byte receive", (unsigned long long)h->total,
-		     (unsigned long long)q->sizes[h->slot]);
-		q->err = -EMSGSIZE;
-		goto out;
-	}
-	idx = h->off / c->chunk;
-	if (!rh_sched_chunk(h->total, c->chunk, idx, &off, &len) || off != h->off ||
-	    len != h->len) {
-		WARN("bad chunk %llu+%u of %llu", (unsigned long long)h->off, h->len,
-		     (unsigned long long)h->total);
-		goto out;
-	}
-	if (q->bits[h->slot][idx / 64] & (1ull << (idx % 64))) {
-		goto out; /* already placed (replay) */
-	}
-	q->total[h->slot] = h->total;
-	q->writers[h->slot]++;
-	*counted = true;
-	dst = q->bufs[h->slot] + h->off;
-	if (h->len == 0) {
-		dst = q->bufs[h->slot] ? q->bufs[h->slot] : (void *)q;
-	}
-out:
 	pthread_mutex_unlock(&c->mu);
-	return dst;
-}
-
-void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counted, bool ok)
-{
-	struct rh_conn *c = l->conn;
-	struct rh_rreq *q;
-	uint64_t idx = h->off / c->chunk;
-
-	if (!counted) {
-		return;
-	}
-	pthread_mutex_lock(&c->mu);
-	q = &c->rreqs[h->seq % RH_RING];
-	q->writers[h->slot]--;
-	if (ok && !(q->bits[h->slot][idx / 64] & (1ull << (idx % 64)))) {
-		q->bits[h->slot][idx / 64] |= 1ull << (idx % 64);
-		q->got[h->slot] += h->len;
-		c->t_rx_progress_ms = rh_now_ms();
-	}
-	rreq_check_slot(c, q, h->slot, (int)l->id);
-	pthread_mutex_unlock(&c->mu);
-}
-
-int rh_core_rx_buffer(struct rh_lane *l, uint64_t seq, int slot, uint32_t epoch, char **buf,
-		      uint64_t *size, uint64_t *placed, uint32_t max_words, uint32_t *nwords)
-{
-	uint64_t words;
-	struct rh_conn *c = l->conn;
-	struct rh_rreq *q;
-	int rc = -ENOENT;
-
-	pthread_mutex_lock(&c->mu);
-	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
-		goto out;
-	}
-	if (epoch < c->rx_min_epoch) {
-		rc = -ESTALE;
-		goto out;
-	}
-	q = &c->rreqs[seq % RH_RING];
-	if (!q->used || q->seq != seq || q->complete || slot < 0 || slot >= q->n ||
-	    (q->done_mask & (1u << slot))) {
-		goto out;
-	}
-	words = (rh_sched_nchunks(q->sizes[slot], c->chunk) + 63) / 64;
-	if (words > max_words) {
-		rc = -E2BIG;
-		goto out;
-	}
-	memcpy(placed, q->bits[slot], 8 * words);
-	*nwords = (uint32_t)words;
-	*buf = q->bufs[slot];
-	*size = q->sizes[slot];
-	rc = 0;
-out:
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-int rh_core_tx_peek(struct rh_lane *l, struct rh_tx_peek *out, int max)
-{
-	struct rh_conn *c = l->conn;
-	int n = 0;
-
-	pthread_mutex_lock(&c->mu);
-	if (!c->is_send || c->await_resume || c->err || atomic_load(&c->closed)) {
-		goto out;
-	}
-	for (struct rh_sreq *s = c->qhead; s && n < max; s = s->qnext) {
-		if (!rh_sched_lane_may_carry(l->state, l->retire_gen, s->gen)) {
-			continue;
-		}
-		out[n].seq = s->seq;
-		out[n].slot = s->slot;
-		out[n].size = s->size;
-		out[n].epoch = c->epoch;
-		n++;
-	}
-out:
-	pthread_mutex_unlock(&c->mu);
-	return n;
-}
-
-/* --- transmit --- */
-
-static size_t copy_ctrl(struct rh_conn *c, uint8_t *out, size_t cap)
-{
-	size_t o = 0;
-
-	while (o < c->ctrl_len) {
-		struct rh_hdr h;
-		size_t flen;
-
-		rh_hdr_get(c->ctrl + o, &h);
-		flen = RH_HDR_LEN + h.len;
-		if (o + flen > cap) {
-			break;
-		}
-		o += flen;
-	}
-	memcpy(out, c->ctrl, o);
-	atomic_fetch_add(&c->ctrl_inflight, o);
-	memmove(c->ctrl, c->ctrl + o, c->ctrl_len - o);
-	c->ctrl_len -= o;
-	return o;
-}
-
-int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx)
-{
-	struct rh_conn *c = l->conn;
-	int rc = 0;
-
-	pthread_mutex_lock(&c->mu);
-	if (l->state != RH_LANE_ACTIVE && l->state != RH_LANE_DRAINING &&
-	    l->state != RH_LANE_SUSPECT) {
-		goto out;
-	}
-	if ((stream == 0 || stream == RH_STREAM_CTRL_ONLY) && c->ctrl_lane == l && c->ctrl_len) {
-		tx->ctrl_len = copy_ctrl(c, ctrl, cap);
-		tx->is_data = false;
-		rc = tx->ctrl_len > 0;
-		goto out;
-	}
-	if (stream == RH_STREAM_CTRL_ONLY || !c->is_send || c->await_resume || c->err ||
-	    atomic_load(&c->closed)) {
-		goto out;
-	}
-	for (struct rh_sreq *s = c->qhead; s; s = s->qnext) {
-		struct rh_hdr h = { .type = RH_F_DATA };
-		uint64_t off, len;
-
-		if (!rh_sched_lane_may_carry(l->state, l->retire_gen, s->gen)) {
-			continue;
-		}
-		if (s->gen == RH_GEN_NEW) {
-			s->gen = c->gen;
-		}
-		rh_sched_chunk(s->size, c->chunk, s->next_chunk, &off, &len);
-		s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, s->next_chunk + 1);
-		if (s->next_chunk >= s->nchunks) {
-			sendq_remove(c, s);
-		}
-		h.conn_id = c->id;
-		h.epoch = c->epoch;
-		h.seq = s->seq;
-		h.slot = (uint8_t)s->slot;
-		h.off = off;
-		h.len = (uint32_t)len;
-		h.total = s->size;
-		rh_hdr_put(&h, tx->hdr);
-		tx->payload = s->buf + off;
-		tx->len = len;
-		tx->is_data = true;
-		tx->ctrl_len = 0;
-		rc = 1;
-		break;
-	}
-out:
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-/* --- control frames --- */
-
-static void on_ack(struct rh_conn *c, const struct rh_hdr *h, int lane)
-{
-	struct rh_sreq *s = sreq_at(c, h->seq, h->slot);
-
-	if (!s->used || s->seq != h->seq || s->slot != h->slot || s->acked) {
-		return;
-	}
-	s->acked = true;
-	sendq_remove(c, s);
-	RH_PROBE3(req_done, lane, s->size, rh_now_ns() - s->t_start_ns);
-}
-
-void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p)
-{
-	struct rh_conn *c = l->conn;
-
-	pthread_mutex_lock(&c->mu);
-	if (l->state == RH_LANE_DEAD) {
-		goto out;
-	}
-	switch (h->type) {
-	case RH_F_CTS: {
-		struct rh_cts cts;
-
-		if (c->is_send && rh_cts_get(p, h->len, (int)h->aux, &cts) == 0) {
-			cts.seq = h->seq;
-			cts_store(c, &cts);
-		}
-		break;
-	}
-	case RH_F_ACK:
-		if (c->is_send) {
-			on_ack(c, h, (int)l->id);
-		}
-		break;
-	case RH_F_RESUME:
-		if (c->is_send) {
-			rh_fo_on_resume(c, h, p);
-		}
-		break;
-	case RH_F_FAILREQ:
-		if (!c->is_send) {
-			rh_fo_on_failreq(c, h, p);
-		}
-		break;
-	case RH_F_BYE:
-		if (h->aux == UINT32_MAX) {
-			c->peer_closed = true;
-			if (c->is_send) {
-				apply_bye_record(c, h, p);
-			}
-			INFO("conn %016llx: peer closed", (unsigned long long)c->id);
-			break;
-		}
-		for (int i = 0; i < c->nlanes; i++) {
-			if (c->lanes[i]->id == h->aux && c->lanes[i]->state != RH_LANE_DEAD) {
-				INFO("conn %016llx: lane %u retired by peer",
-				     (unsigned long long)c->id, h->aux);
-				rh_conn_fence_lane(c, c->lanes[i]);
-			}
-		}
-		break;
-	default:
-		break;
-	}
-out:
-	pthread_mutex_unlock(&c->mu);
-}
-
-/* --- test --- */
-
-int rh_test(void *request, int *done, int *sizes)
-{
-	struct rh_req *r = request;
-	struct rh_conn *c = r->conn;
-	int rc = 0;
-
-	*done = 0;
-	pthread_mutex_lock(&c->mu);
-	if (r->kind == RH_REQ_SEND) {
-		struct rh_sreq *s = (struct rh_sreq *)r;
-
-		if (s->acked) {
-			*done = 1;
-			if (sizes) {
-				sizes[0] = s->size > INT_MAX ? INT_MAX : (int)s->size;
-			}
-			s->used = false;
-		} else if (c->err) {
-			rc = c->err;
-		}
-	} else if (r->kind == RH_REQ_RECV) {
-		struct rh_rreq *q = (struct rh_rreq *)r;
-
-		if (q->err) {
-			rc = q->err;
-		} else if (q->complete) {
-			*done = 1;
-			for (int s = 0; sizes && s < q->n; s++) {
-				sizes[s] = q->total[s] > INT_MAX ? INT_MAX : (int)q->total[s];
-			}
-			q->used = false;
-			c->nrecv_out--;
-			rreq_free_bits(q);
-		} else if (c->err) {
-			rc = c->err;
-		}
-	} else {
-		rc = -EINVAL;
-	}
-	pthread_mutex_unlock(&c->mu);
-	return rc;
-}
-
-void rh_core_ctrl_written(struct rh_lane *l, size_t len)
-{
-	atomic_fetch_sub(&l->conn->ctrl_inflight, len);
+	rh_core_conn_put(c);
 }

@@ -9,6 +9,10 @@
 #ifndef RH_CONN_H
 #define RH_CONN_H
 
+#ifdef RH_LANE_BUILD
+#error "core/conn.h is private to core/: a lane uses the core through lanes/lane_ops.h"
+#endif
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -19,7 +23,6 @@
 #include "match.h"
 #include "wire.h"
 
-#define RH_MAX_LANES 32
 #define RH_MAX_RECV_OUT 32 /* NCCL_NET_MAX_REQUESTS */
 
 enum rh_req_kind { RH_REQ_SEND = 0x5e, RH_REQ_RECV = 0x7e };
@@ -159,12 +162,12 @@ struct rh_global {
 
 extern struct rh_global rh_g;
 
-uint64_t rh_now_ms(void);
-uint64_t rh_now_ns(void);
-
-/* conn.c (locked = caller holds c->mu) */
+/* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lanes/lane_ops.h) */
+/* A random id, never 0 nor UINT64_MAX, never blocking (connection, listen and probe ids). */
+uint64_t rh_random_id(void);
 struct rh_conn *rh_conn_new(bool is_send);
 void rh_conn_get(struct rh_conn *c);
+void rh_rreq_free_bits(struct rh_rreq *q);
 struct rh_lane *rh_conn_add_lane(struct rh_conn *c, uint32_t id, int lnic, int rnic, int nstreams,
 				 bool opener); /* locked */
 int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeout_ms); /* locked */
@@ -173,15 +176,17 @@ void rh_conn_kick_data(struct rh_conn *c); /* locked */
 void rh_conn_pick_ctrl_lane(struct rh_conn *c); /* locked */
 int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 		       size_t len); /* locked */
-int rh_conn_queue_resume(struct rh_conn *c, bool answer);
-int rh_conn_queue_bye(struct rh_conn *c); /* locked */
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
-bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
 /* Report a lane event to the control plane (l may be NULL: the connection's original pair). */
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
+
+/* data.c */
+int rh_conn_queue_resume(struct rh_conn *c, bool answer);
+int rh_conn_queue_bye(struct rh_conn *c); /* locked */
+bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 
 /* plugin.c */
 int rh_conn_start_connect(struct rh_conn *c); /* locked */

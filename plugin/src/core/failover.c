@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "../log.h"
@@ -24,18 +23,6 @@
 #include "sched.h"
 
 #define RH_STABLE_MS 10000 /* a primary up this long resets the fail-back backoff */
-
-static uint64_t cookie_new(void)
-{
-	uint64_t v = 0;
-
-	while (!v) {
-		if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != sizeof(v)) {
-			v = rh_now_ns();
-		}
-	}
-	return v;
-}
 
 static bool nic_up(int i)
 {
@@ -762,7 +749,7 @@ void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why)
 	l->state = RH_LANE_SUSPECT;
 	l->t_suspect_ms = rh_now_ms();
 	l->suspect_mark = l->ops->progress ? l->ops->progress(l) : 0;
-	l->probe_cookie = cookie_new();
+	l->probe_cookie = rh_random_id();
 	RH_PROBE3(lane_suspect, c->id, l->id, l->lnic);
 	if (l->ops->probe(c, l->lnic, c->rnics[l->rnic].ipv4, c->rnics[l->rnic].port,
 			  l->probe_cookie, (int)rh_param.PROBE_TIMEOUT) < 0) {
@@ -872,7 +859,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 	}
 	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
 	    now >= c->fo.t_next_failback_ms && nic_up(c->lnic_orig) && !primary_alive(c)) {
-		c->fo.failback_cookie = cookie_new();
+		c->fo.failback_cookie = rh_random_id();
 		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
 				    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
 				    (int)rh_param.PROBE_TIMEOUT) < 0) {

@@ -9,7 +9,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "../log.h"
@@ -21,49 +20,6 @@
 #include "sched.h"
 
 static void registry_del(struct rh_conn *c);
-
-/* Transport choice: one function that logs why. RAILHOP_TRANSPORT=tcp|ofi forces one; auto
- * takes libfabric only where an RDMA-class provider is found. NULL: the forced one is not
- * available (a clear error at init, never a silent fallback). */
-static const struct lane_ops *choose_transport(void)
-{
-	const char *t = rh_param.TRANSPORT;
-
-	if (!strcmp(t, "tcp")) {
-		INFO("transport tcp (RAILHOP_TRANSPORT=tcp)");
-		return &rh_tcp_ops;
-	}
-	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
-		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
-		return NULL;
-	}
-#ifdef RH_HAVE_OFI
-	if (!strcmp(t, "ofi")) {
-		INFO("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
-		     "FI_PROVIDER narrows it)");
-		return &rh_ofi_ops;
-	}
-	{
-		char prov[64];
-
-		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
-			INFO("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
-			     prov);
-			return &rh_ofi_ops;
-		}
-	}
-	INFO("transport tcp (no RDMA-class libfabric provider found)");
-	return &rh_tcp_ops;
-#else
-	if (!strcmp(t, "ofi")) {
-		WARN("RAILHOP_TRANSPORT=ofi, but this plugin was built without libfabric "
-		     "(install libfabric-dev and rebuild)");
-		return NULL;
-	}
-	INFO("transport tcp (built without libfabric)");
-	return &rh_tcp_ops;
-#endif
-}
 
 /*
  * Lifecycle. The plugin runs (ticker, transport I/O threads, lane listeners, the agent link)
@@ -99,7 +55,7 @@ static int start_locked(void)
 	rh_g.nnics = rc;
 	rh_health_reset();
 	rh_health_poll_carrier(); /* a NIC already down at start is never advertised or used */
-	rh_g.ops = choose_transport();
+	rh_g.ops = rh_lanes_choose();
 	if (!rh_g.ops) {
 		return -EPROTONOSUPPORT;
 	}
@@ -290,18 +246,6 @@ int rh_get_props(int dev, struct rh_props *p)
 	return 0;
 }
 
-static uint64_t random_id(void)
-{
-	uint64_t v = 0;
-
-	while (v == 0 || v == UINT64_MAX) {
-		if (getrandom(&v, sizeof(v), 0) != sizeof(v)) {
-			v = rh_now_ns() ^ (uint64_t)(uintptr_t)&v;
-		}
-	}
-	return v;
-}
-
 int rh_listen(int dev, void *handle, void **listen_comm)
 {
 	struct rh_listen *l;
@@ -323,7 +267,7 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 	}
 	l->dev = dev;
 	pthread_mutex_lock(&rh_g.mu);
-	l->id = random_id();
+	l->id = rh_random_id();
 	l->next = rh_g.listens;
 	rh_g.listens = l;
 	pthread_mutex_unlock(&rh_g.mu);
@@ -384,13 +328,10 @@ static struct rh_conn *registry_find(uint64_t id, bool is_send)
 
 int rh_conn_start_connect(struct rh_conn *c)
 {
-	int lnic, rnic, rc;
+	int lnic, rnic;
 	struct rh_lane *l;
 
-	rc = rh_fo_initial_pair(c, &lnic, &rnic);
-	if (rc < 0) {
-		return rc;
-	}
+	CHECK(rh_fo_initial_pair(c, &lnic, &rnic));
 	l = rh_conn_add_lane(c, c->next_lane_id, lnic, rnic, (int)rh_param.STREAMS_PER_LANE, true);
 	if (!l) {
 		return -ENOMEM;
@@ -432,7 +373,7 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		if (!c) {
 			return -ENOMEM;
 		}
-		c->id = random_id();
+		c->id = rh_random_id();
 		c->dev = dev;
 		c->lnic_orig = dev;
 		c->rnic_orig = h.listen_nic;

@@ -31,8 +31,11 @@
 
 #include "../core/lane_state.h"
 #include "../core/wire.h"
+#include "../nic.h"
 
 struct rh_conn;
+
+#define RH_MAX_LANES 32 /* lanes per connection, over its lifetime */
 
 struct rh_lane {
 	struct rh_conn *conn;
@@ -165,13 +168,59 @@ int rh_core_tx_peek(struct rh_lane *lane, struct rh_tx_peek *out, int max);
  * connection is closing and the access must not start. */
 bool rh_core_io_enter(struct rh_conn *conn);
 void rh_core_io_exit(struct rh_conn *conn);
+
+void rh_core_conn_get(struct rh_conn *conn);
 void rh_core_conn_put(struct rh_conn *conn);
 
-extern const struct lane_ops rh_tcp_ops;
-#ifdef RH_HAVE_OFI
-extern const struct lane_ops rh_ofi_ops;
-/* An RDMA-class libfabric provider (verbs) offers FI_EP_MSG + FI_RMA here. */
-bool rh_ofi_rdma_provider(char *name, size_t cap);
-#endif
+/* --- Core services for transports (no lock needed unless noted) --- */
+
+/* Monotonic clock. */
+uint64_t rh_now_ms(void);
+uint64_t rh_now_ns(void);
+/* Local NIC nic (0 <= nic < rh_core_nic_count()): name, address, properties; a transport fills
+ * in the port of its lane listener (listen()) and properties only it knows. */
+struct rh_nic *rh_core_nic(int nic);
+int rh_core_nic_count(void);
+/* What a transport reads about a connection: fixed at creation (id, direction, chunk size) or
+ * atomic. rx_min_epoch (receiver) and resume_epoch (sender) are the epoch of the last resume
+ * applied (acquire: what the resume wrote is visible). */
+uint64_t rh_core_conn_id(const struct rh_conn *conn);
+bool rh_core_conn_is_send(const struct rh_conn *conn);
+uint64_t rh_core_conn_chunk(const struct rh_conn *conn);
+bool rh_core_conn_closed(struct rh_conn *conn); /* the user closed it */
+uint32_t rh_core_conn_epoch(struct rh_conn *conn);
+uint32_t rh_core_conn_rx_min_epoch(struct rh_conn *conn);
+uint32_t rh_core_conn_resume_epoch(struct rh_conn *conn);
+
+/* --- Streams of a lane (the transport's lane state, lane->tp, starts with this head) --- */
+/* The opening side builds lane->tp itself in open() (called locked); streams accepted for a lane
+ * join it through rh_core_stream_attach(); every stream leaves through rh_core_stream_detach(). */
+
+#define RH_LANE_MAX_STREAMS 16
+struct rh_lane_streams {
+	void *s[RH_LANE_MAX_STREAMS]; /* the transport's stream objects, by stream index */
+	int live; /* streams attached; the lane state goes with the last */
+};
+/* Accepting side: attach stream object s as stream idx of lane, which rh_core_hello() returned
+ * (with a connection reference, which s keeps). Under the connection lock: the lane must still
+ * be OPENING, idx < max and that slot free; lane->tp (tp_size bytes, zeroed, starting with
+ * struct rh_lane_streams) is allocated for the first stream; io: an io reference
+ * (rh_core_io_enter) is taken for s as well. 0, or -EPROTO (not OPENING, bad or taken slot),
+ * -ECONNABORTED (io refused: the connection is closing), -ENOMEM; on error the connection
+ * reference is dropped and nothing is attached. */
+int rh_core_stream_attach(struct rh_lane *lane, int idx, int max, void *s, size_t tp_size, bool io);
+/* Detach stream object s (stream idx of lane; lane may be NULL: nothing to detach) and drop the
+ * connection reference it holds. Under the connection lock: when s still holds its slot it is
+ * cleared, and when it was the lane's last stream, release(lane->tp) runs (may be NULL), the
+ * state is freed and lane->tp set to NULL. */
+void rh_core_stream_detach(struct rh_conn *conn, struct rh_lane *lane, int idx, void *s,
+			   void (*release)(void *tp));
+
+/* --- Transport choice (lanes/lanes.c) --- */
+
+/* The transport for this process: RAILHOP_TRANSPORT=tcp|ofi forces one, auto takes libfabric
+ * only where an RDMA-class provider is found; logs why. NULL: the one asked for is not
+ * available (a clear error at init, never a silent fallback). */
+const struct lane_ops *rh_lanes_choose(void);
 
 #endif

@@ -61,7 +61,7 @@ bool rh_ofi_rdma_provider(char *name, size_t cap)
 /* Where the provider reports the NIC behind a domain, take its PCI path and speed. */
 static void nic_attrs(int nic, const struct fi_info *i)
 {
-	struct rh_nic *n = &rh_g.nics[nic];
+	struct rh_nic *n = rh_core_nic(nic);
 
 	if (!i->nic) {
 		return;
@@ -91,7 +91,7 @@ int dom_open(int nic)
 	if (!hints) {
 		return -ENOMEM;
 	}
-	inet_ntop(AF_INET, &rh_g.nics[nic].ipv4, node, sizeof(node));
+	inet_ntop(AF_INET, &rh_core_nic(nic)->ipv4, node, sizeof(node));
 	rc = -FI_ENODATA;
 	if (getenv("FI_PROVIDER")) {
 		/* the user's choice: libfabric applies it */
@@ -110,12 +110,13 @@ int dom_open(int nic)
 	lf_freeinfo(hints);
 	if (rc) {
 		WARN("ofi: no libfabric provider with FI_EP_MSG + FI_RMA for %s (%s): %s",
-		     rh_g.nics[nic].ifname, node, lf_strerror(-rc));
+		     rh_core_nic(nic)->ifname, node, lf_strerror(-rc));
 		return rc < 0 ? rc : -ENODEV;
 	}
 	/* Prefer the domain named after the NIC (tcp provider: the ifname), else the first. */
 	for (struct fi_info *i = list; i; i = i->next) {
-		if (i->domain_attr->name && !strcmp(i->domain_attr->name, rh_g.nics[nic].ifname)) {
+		if (i->domain_attr->name &&
+		    !strcmp(i->domain_attr->name, rh_core_nic(nic)->ifname)) {
 			pick = i;
 			break;
 		}
@@ -139,13 +140,13 @@ int dom_open(int nic)
 	if (rc) {
 		WARN("ofi: cannot open the %s domain %s for %s: %s",
 		     d->info->fabric_attr->prov_name, d->info->domain_attr->name,
-		     rh_g.nics[nic].ifname, lf_strerror(-rc));
+		     rh_core_nic(nic)->ifname, lf_strerror(-rc));
 		return rc;
 	}
 	nic_attrs(nic, d->info);
 	d->ok = true;
 	INFO("ofi: NIC %s -> provider %s, fabric %s, domain %s (mr_mode 0x%llx%s)",
-	     rh_g.nics[nic].ifname, d->info->fabric_attr->prov_name, d->info->fabric_attr->name,
+	     rh_core_nic(nic)->ifname, d->info->fabric_attr->prov_name, d->info->fabric_attr->name,
 	     d->info->domain_attr->name, (unsigned long long)d->mr_mode,
 	     d->rx_cq_data ? ", FI_RX_CQ_DATA" : "");
 	return 0;
@@ -235,7 +236,7 @@ void ofi_forget(const void *addr, size_t size)
 	uintptr_t lo, hi;
 
 	ofi_rc_range((uintptr_t)addr, size, &lo, &hi);
-	for (int i = 0; i < rh_g.nnics; i++) {
+	for (int i = 0; i < rh_core_nic_count(); i++) {
 		struct ofi_dom *d = &ofi_doms[i];
 		int n;
 

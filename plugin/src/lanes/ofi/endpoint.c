@@ -250,6 +250,13 @@ int send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len
 	return tx_post(e, i, OFI_MHDR_LEN + len);
 }
 
+static void lane_release(void *tp)
+{
+	struct ofi_lane *ol = tp;
+
+	ofi_adv_table_free(&ol->adv);
+}
+
 static void ep_detach(struct ofi_ep *e)
 {
 	struct rh_conn *c = e->conn;
@@ -257,23 +264,9 @@ static void ep_detach(struct ofi_ep *e)
 	if (!c) {
 		return;
 	}
-	pthread_mutex_lock(&c->mu);
-	if (e->lane && e->lane->tp) {
-		struct ofi_lane *ol = e->lane->tp;
-
-		if (e->idx >= 0 && e->idx < OFI_MAX_STREAMS && ol->ep[e->idx] == e) {
-			ol->ep[e->idx] = NULL;
-			if (--ol->live == 0) {
-				e->lane->tp = NULL;
-				ofi_adv_table_free(&ol->adv);
-				free(ol);
-			}
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
+	rh_core_stream_detach(c, e->lane, e->idx, e, lane_release);
 	e->lane = NULL;
 	e->conn = NULL;
-	rh_core_conn_put(c);
 }
 
 /* Close the endpoint: after fi_close returns the provider places and reads nothing more for
@@ -368,34 +361,16 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 			return;
 		}
 		c = lane->conn; /* reference taken by rh_core_hello */
-		pthread_mutex_lock(&c->mu);
-		if (lane->state != RH_LANE_OPENING || in.stream >= OFI_MAX_STREAMS ||
-		    (lane->tp && ((struct ofi_lane *)lane->tp)->ep[in.stream]) ||
-		    !rh_core_io_enter(c)) {
-			pthread_mutex_unlock(&c->mu);
-			rh_core_conn_put(c);
+		if (rh_core_stream_attach(lane, in.stream, OFI_MAX_STREAMS, e,
+					  sizeof(struct ofi_lane), true) < 0) {
 			ep_close(e);
 			return;
 		}
 		e->io_held = true;
-		if (!lane->tp) {
-			lane->tp = calloc(1, sizeof(struct ofi_lane));
-			if (!lane->tp) {
-				pthread_mutex_unlock(&c->mu);
-				rh_core_io_exit(c);
-				e->io_held = false;
-				rh_core_conn_put(c);
-				ep_close(e);
-				return;
-			}
-		}
-		((struct ofi_lane *)lane->tp)->ep[in.stream] = e;
-		((struct ofi_lane *)lane->tp)->live++;
 		e->lane = lane;
 		e->conn = c;
 		e->idx = in.stream;
 		e->kind = EK_LANE_IN;
-		pthread_mutex_unlock(&c->mu);
 	}
 	out = malloc(RH_HDR_LEN + OFI_HELLO_MAX);
 	if (!out) {
@@ -453,7 +428,7 @@ void ep_start(struct ofi_ep *e)
 	e->next = ofi_eps;
 	ofi_eps = e;
 	if (rc) {
-		WARN("ofi: cannot open an endpoint from %s: %s", rh_g.nics[e->nic].ifname,
+		WARN("ofi: cannot open an endpoint from %s: %s", rh_core_nic(e->nic)->ifname,
 		     strerror(-rc));
 		ep_fail(e, rc, "connect failed");
 	}

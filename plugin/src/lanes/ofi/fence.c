@@ -59,16 +59,16 @@ void on_write(struct ofi_ep *e, uint64_t imm)
 	struct ofi_rrec *r;
 	struct rh_hdr h;
 
-	if (!ol || c->is_send) {
+	if (!ol || rh_core_conn_is_send(c)) {
 		return;
 	}
 	ofi_imm_decode(imm, &im);
 	r = ofi_rrec_find(&ol->rrec, &im);
 	ep_touch(e, 0);
 	if (!r) {
-		uint32_t ep = (uint32_t)ofi_expand(im.epoch, OFI_IMM_EPOCH_BITS,
-						   __atomic_load_n(&c->epoch, __ATOMIC_RELAXED));
-		uint32_t min = __atomic_load_n(&c->rx_min_epoch, __ATOMIC_ACQUIRE);
+		uint32_t ep =
+			(uint32_t)ofi_expand(im.epoch, OFI_IMM_EPOCH_BITS, rh_core_conn_epoch(c));
+		uint32_t min = rh_core_conn_rx_min_epoch(c);
 
 		if (ep >= min) {
 			/* Only a write issued before the last resume may outlive its advert (its
@@ -85,7 +85,7 @@ void on_write(struct ofi_ep *e, uint64_t imm)
 		      ep, min, (unsigned long long)im.seq, im.slot);
 		return;
 	}
-	if (ofi_rrec_hdr(r, &im, c->chunk, __atomic_load_n(&c->epoch, __ATOMIC_RELAXED), c->id,
+	if (ofi_rrec_hdr(r, &im, rh_core_conn_chunk(c), rh_core_conn_epoch(c), rh_core_conn_id(c),
 			 &h) < 0) {
 		ep_fail(e, -EPROTO, "write outside its advert");
 		return;
@@ -149,7 +149,7 @@ bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 	static uint8_t body[OFI_ADV_LEN + 8 * OFI_ADV_WORDS_MAX];
 	struct rh_conn *c = e->conn;
 	struct ofi_adv_msg a = { .seq = r->seq, .slot = (uint8_t)slot, .epoch = r->epoch };
-	uint32_t min_epoch = __atomic_load_n(&c->rx_min_epoch, __ATOMIC_ACQUIRE);
+	uint32_t min_epoch = rh_core_conn_rx_min_epoch(c);
 	struct ofi_ep *blocker;
 	char *buf = NULL;
 	uint64_t size = 0;
@@ -264,7 +264,7 @@ void on_adv(struct ofi_ep *e, const uint8_t *b, size_t len)
 		}
 		/* other streams of the lane may wait for it too */
 		for (int s = 0; s < OFI_MAX_STREAMS; s++) {
-			struct ofi_ep *o = ol->ep[s];
+			struct ofi_ep *o = ol_ep(ol, s);
 
 			for (int i = 0; o && o != e && i < OFI_NWR; i++) {
 				struct ofi_wr *w = &o->wr[i];
@@ -286,7 +286,7 @@ static int post_write(struct ofi_ep *e, struct ofi_lane *ol, struct ofi_wr *w)
 	struct rh_conn *c = e->conn;
 	struct ofi_imm im = { .seq = w->h.seq,
 			      .slot = w->h.slot,
-			      .chunk = w->h.off / c->chunk,
+			      .chunk = w->h.off / rh_core_conn_chunk(c),
 			      .epoch = w->h.epoch };
 	uint64_t raddr, key, imm, lraddr, lkey;
 	void *desc = NULL;
@@ -341,7 +341,7 @@ static int request_adv(struct ofi_lane *ol, uint64_t seq, int slot, uint64_t tot
 	int rc;
 
 	for (int i = 0; i < OFI_MAX_STREAMS; i++) {
-		struct ofi_ep *o = ol->ep[i];
+		struct ofi_ep *o = ol_ep(ol, i);
 
 		if (!o || o->st != ES_READY || atomic_load(&o->fenced) ||
 		    o->ntx_busy >= OFI_NTX - 1 || o->mark_sent < ol->ep_mark) {
@@ -372,7 +372,7 @@ void prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol)
 	struct rh_tx_peek pk[OFI_PEEK];
 	int n;
 
-	if (ol->ep[0] != e && !(ol->ep[0] == NULL || ol->ep[0]->st != ES_READY)) {
+	if (ol_ep(ol, 0) != e && !(ol_ep(ol, 0) == NULL || ol_ep(ol, 0)->st != ES_READY)) {
 		return; /* once per lane per pass: on its first endpoint */
 	}
 	n = rh_core_tx_peek(e->lane, pk, OFI_PEEK);
@@ -407,7 +407,7 @@ int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m)
 		switch (ofi_adv_lookup(&ol->adv, w->h.seq, w->h.slot, m)) {
 		case OFI_ADV_VALID:
 			if (ofi_adv_placed(&ol->adv, w->h.seq, w->h.slot,
-					   w->h.off / e->conn->chunk)) {
+					   w->h.off / rh_core_conn_chunk(e->conn))) {
 				/* the receiver holds it already (a replay after a resume):
 				 * writing it again could land after the receive completed */
 				w->state = WR_FREE;

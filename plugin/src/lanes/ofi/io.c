@@ -114,8 +114,8 @@ static void pump(struct ofi_ep *e)
 		ep_fail(e, rc, "send failed");
 		return;
 	}
-	if (c->is_send) {
-		m = __atomic_load_n(&c->resume_epoch, __ATOMIC_ACQUIRE);
+	if (rh_core_conn_is_send(c)) {
+		m = rh_core_conn_resume_epoch(c);
 		if (m > e->mark_sent) {
 			if (send_epoch(e, m) < 0) {
 				return; /* no slot: next round */
@@ -420,7 +420,7 @@ static bool io_pass(uint64_t now)
 			continue;
 		}
 		/* a closing connection: let the last control messages (ACK, BYE) leave */
-		if (e->conn && atomic_load(&e->conn->closed) && e->ntx_busy > 0 &&
+		if (e->conn && rh_core_conn_closed(e->conn) && e->ntx_busy > 0 &&
 		    now < e->t_fenced_ms + 100) {
 			poll_cq(e);
 			if (e->ntx_busy > 0) {
@@ -430,7 +430,7 @@ static bool io_pass(uint64_t now)
 		ep_close(e);
 		busy = true;
 	}
-	for (int i = 0; i < rh_g.nnics; i++) {
+	for (int i = 0; i < rh_core_nic_count(); i++) {
 		for (int k = 0; k < 16 && poll_pep(&ofi_doms[i], i); k++) {
 			busy = true;
 		}
@@ -484,7 +484,7 @@ static void io_wait(void)
 				return; /* something to read already */
 			}
 		}
-		for (int i = 0; i < rh_g.nnics; i++) {
+		for (int i = 0; i < rh_core_nic_count(); i++) {
 			struct fid *f;
 
 			if (!atomic_load_explicit(&ofi_doms[i].served, memory_order_acquire)) {

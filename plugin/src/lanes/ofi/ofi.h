@@ -60,11 +60,10 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
-#include "../../core/conn.h"
 #include "../../core/sched.h"
 #include "../../log.h"
 #include "../../param.h"
-#include "../lane_ops.h"
+#include "../lanes.h"
 #include "../tcpstate.h"
 #include "proto.h"
 
@@ -155,9 +154,9 @@ struct ofi_dom {
 	uint64_t next_key;
 };
 
+/* lane->tp: the core attaches and detaches endpoints through its head (lane_ops.h). */
 struct ofi_lane {
-	struct ofi_ep *ep[OFI_MAX_STREAMS];
-	int live;
+	struct rh_lane_streams st; /* struct ofi_ep *, read through ol_ep() */
 	int npending; /* receiver: adverts waiting for the gate */
 	/* receiver: an advert is good for a write on any endpoint of the lane, so whether the
 	 * lane advertised before a resume decides which endpoints must pass their marker */
@@ -213,6 +212,13 @@ struct ofi_ep {
 	uint64_t last_rx_ms; /* I/O thread: last message or write received from the peer */
 	struct ofi_ep *next;
 };
+
+_Static_assert(OFI_MAX_STREAMS <= RH_LANE_MAX_STREAMS, "stream table");
+
+static inline struct ofi_ep *ol_ep(const struct ofi_lane *ol, int i)
+{
+	return ol->st.s[i];
+}
 
 /* libfabric returns 0 or -FI_Exxx (== -Exxx for the errno range) */
 static inline int fi_err(ssize_t rc)

@@ -94,10 +94,7 @@ static int ofi_listen(int nic)
 	size_t len = sizeof(sa);
 	int rc;
 
-	rc = dom_open(nic);
-	if (rc < 0) {
-		return rc;
-	}
+	CHECK(dom_open(nic));
 	rc = fi_eq_open(d->fabric, &eqa, &d->peq, NULL);
 	if (rc == -FI_ENOSYS || rc == -FI_EINVAL) {
 		eqa.wait_obj = FI_WAIT_NONE;
@@ -117,7 +114,7 @@ static int ofi_listen(int nic)
 		rc = fi_getname(&d->pep->fid, &sa, &len);
 	}
 	if (rc) {
-		WARN("ofi: cannot listen on %s: %s", rh_g.nics[nic].ifname, lf_strerror(-rc));
+		WARN("ofi: cannot listen on %s: %s", rh_core_nic(nic)->ifname, lf_strerror(-rc));
 		return fi_err(rc);
 	}
 	if (ofi_wait_fds) {
@@ -128,8 +125,8 @@ static int ofi_listen(int nic)
 			epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev);
 		}
 	}
-	rh_g.nics[nic].port = sa.sin_port;
-	INFO("ofi: lane listener on %s port %u", rh_g.nics[nic].ifname, ntohs(sa.sin_port));
+	rh_core_nic(nic)->port = sa.sin_port;
+	INFO("ofi: lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
 	atomic_store_explicit(&d->served, true, memory_order_release);
 	io_kick();
 	return 0;
@@ -203,13 +200,13 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 	for (int i = 0; i < n; i++) {
 		e[i]->lane = lane;
 		e[i]->conn = lane->conn;
-		rh_conn_get(lane->conn);
+		rh_core_conn_get(lane->conn);
 		e[i]->io_held = true;
 		e[i]->idx = i;
 		e[i]->ip = ip;
 		e[i]->port = port;
-		ol->ep[i] = e[i];
-		ol->live++;
+		ol->st.s[i] = e[i];
+		ol->st.live++;
 		ep_push(e[i]);
 	}
 	return 0;
@@ -242,7 +239,7 @@ static int ofi_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 		return -ENOMEM;
 	}
 	e->conn = conn;
-	rh_conn_get(conn);
+	rh_core_conn_get(conn);
 	e->cookie = cookie;
 	e->ip = ip;
 	e->port = port;
@@ -267,9 +264,9 @@ static void ofi_fence(struct rh_lane *lane)
 		return;
 	}
 	for (int i = 0; i < OFI_MAX_STREAMS; i++) {
-		if (ol->ep[i] && !atomic_load(&ol->ep[i]->fenced)) {
-			ol->ep[i]->t_fenced_ms = now;
-			atomic_store(&ol->ep[i]->fenced, true);
+		if (ol_ep(ol, i) && !atomic_load(&ol_ep(ol, i)->fenced)) {
+			ol_ep(ol, i)->t_fenced_ms = now;
+			atomic_store(&ol_ep(ol, i)->fenced, true);
 		}
 	}
 	io_kick();
@@ -291,7 +288,7 @@ static bool ofi_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 		return false;
 	}
 	for (int i = 0; i < OFI_MAX_STREAMS; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 		int g;
 
 		if (!e || e->st != ES_READY) {
@@ -322,7 +319,7 @@ static bool ofi_lost(struct rh_lane *lane, uint64_t quiet_ms)
 	struct ofi_lane *ol = lane->tp;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 		struct tcp_info ti;
 
 		if (!e || e->st != ES_READY || !e->lport || !e->rport || ep_ctrl_only(e) ||
@@ -342,8 +339,8 @@ static uint64_t ofi_progress(struct rh_lane *lane)
 	uint64_t sum = 0;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS; i++) {
-		if (ol->ep[i]) {
-			sum += atomic_load(&ol->ep[i]->progress);
+		if (ol_ep(ol, i)) {
+			sum += atomic_load(&ol_ep(ol, i)->progress);
 		}
 	}
 	return sum;
@@ -355,7 +352,7 @@ static int ofi_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, i
 	int n = 0;
 
 	for (int i = 0; ol && i < OFI_MAX_STREAMS && n < max; i++) {
-		struct ofi_ep *e = ol->ep[i];
+		struct ofi_ep *e = ol_ep(ol, i);
 
 		if (e && e->lport && e->rport) {
 			lports[n] = e->lport;

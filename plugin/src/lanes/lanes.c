@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Transport choice: one function that logs why (lane_ops.h). RAILHOP_TRANSPORT=tcp|ofi forces
+ * one; auto takes libfabric only where an RDMA-class provider is found. NULL: the forced one is
+ * not available (a clear error at init, never a silent fallback).
+ */
+#include <string.h>
+
+#include "../log.h"
+#include "../param.h"
+#include "lanes.h"
+
+const struct lane_ops *rh_lanes_choose(void)
+{
+	const char *t = rh_param.TRANSPORT;
+
+	if (!strcmp(t, "tcp")) {
+		INFO("transport tcp (RAILHOP_TRANSPORT=tcp)");
+		return &rh_tcp_ops;
+	}
+	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
+		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
+		return NULL;
+	}
+#ifdef RH_HAVE_OFI
+	if (!strcmp(t, "ofi")) {
+		INFO("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
+		     "FI_PROVIDER narrows it)");
+		return &rh_ofi_ops;
+	}
+	{
+		char prov[64];
+
+		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
+			INFO("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
+			     prov);
+			return &rh_ofi_ops;
+		}
+	}
+	INFO("transport tcp (no RDMA-class libfabric provider found)");
+	return &rh_tcp_ops;
+#else
+	if (!strcmp(t, "ofi")) {
+		WARN("RAILHOP_TRANSPORT=ofi, but this plugin was built without libfabric "
+		     "(install libfabric-dev and rebuild)");
+		return NULL;
+	}
+	INFO("transport tcp (built without libfabric)");
+	return &rh_tcp_ops;
+#endif
+}

@@ -1,0 +1,473 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The stateful core through its seams: a fake transport (struct lane_ops) and fake control-plane
+ * hooks (struct rh_ctl_hooks) record what the core asks of them.
+ *  - conn.c: stream attach/detach (slot checks, the io reference, the lane state's release,
+ *    connection references), ids;
+ *  - failover.c: a lane failure with the agent's plan (events in order, the lane fenced, the
+ *    backup on the planned pair), the same failure standalone (no hooks: the core ranks alone);
+ *  - health.c: a NIC marked down moves its lanes, sources hold a NIC down independently.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/conn.h"
+#include "core/health.h"
+
+/* --- the fake transport --- */
+
+static struct {
+	int opens, fences, probes;
+	int open_lnic[64], open_rnic[64];
+	uint32_t fenced_id[64];
+} tp;
+
+static int fk_start(int nthreads)
+{
+	(void)nthreads;
+	return 0;
+}
+
+static int fk_listen(int nic)
+{
+	rh_g.nics[nic].port = htons((uint16_t)(4000 + nic));
+	return 0;
+}
+
+static int fk_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t conn_id,
+		   uint32_t epoch, uint32_t ip, uint16_t port)
+{
+	(void)hello;
+	(void)conn_id;
+	(void)epoch;
+	(void)ip;
+	(void)port;
+	if (tp.opens < 64) {
+		tp.open_lnic[tp.opens] = lane->lnic;
+		tp.open_rnic[tp.opens] = lane->rnic;
+	}
+	tp.opens++;
+	lane->tp = calloc(1, sizeof(struct rh_lane_streams));
+	return lane->tp ? 0 : -ENOMEM;
+}
+
+static void fk_kick(struct rh_lane *lane)
+{
+	(void)lane;
+}
+
+/* Releases at once: what a transport does asynchronously once its I/O stopped. */
+static void fk_fence(struct rh_lane *lane)
+{
+	if (tp.fences < 64) {
+		tp.fenced_id[tp.fences] = lane->id;
+	}
+	tp.fences++;
+	free(lane->tp);
+	lane->tp = NULL;
+}
+
+static bool fk_stalled(struct rh_lane *lane, uint64_t now_ms, int timeout_ms)
+{
+	(void)lane;
+	(void)now_ms;
+	(void)timeout_ms;
+	return false;
+}
+
+static uint64_t fk_progress(struct rh_lane *lane)
+{
+	(void)lane;
+	return 0;
+}
+
+static int fk_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, int max)
+{
+	(void)lane;
+	(void)lports;
+	(void)rports;
+	(void)max;
+	return 0;
+}
+
+static int fk_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
+		    int timeout_ms)
+{
+	(void)conn;
+	(void)lnic;
+	(void)ip;
+	(void)port;
+	(void)cookie;
+	(void)timeout_ms;
+	tp.probes++;
+	return 0;
+}
+
+static const struct lane_ops fake_ops = {
+	.name = "fake",
+	.start = fk_start,
+	.listen = fk_listen,
+	.open = fk_open,
+	.kick = fk_kick,
+	.fence = fk_fence,
+	.stalled = fk_stalled,
+	.progress = fk_progress,
+	.ports = fk_ports,
+	.probe = fk_probe,
+};
+
+/* --- the fake control plane --- */
+
+static struct {
+	int n;
+	int type[64], lnic[64], err[64];
+	struct rh_plan_entry plan[4];
+	int nplan;
+} ctl;
+
+static void hk_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
+			  int err, uint64_t duration_ns, const struct rh_lane_info *info)
+{
+	(void)conn_id;
+	(void)epoch;
+	(void)lane;
+	(void)duration_ns;
+	(void)info;
+	if (ctl.n < 64) {
+		ctl.type[ctl.n] = type;
+		ctl.lnic[ctl.n] = lnic;
+		ctl.err[ctl.n] = err;
+	}
+	ctl.n++;
+}
+
+static int hk_plan_for(int lnic, struct rh_plan_entry *out, int max)
+{
+	int n = 0;
+
+	for (; lnic == 0 && n < ctl.nplan && n < max; n++) {
+		out[n] = ctl.plan[n];
+	}
+	return n;
+}
+
+static bool hk_suspect(int nic)
+{
+	(void)nic;
+	return false;
+}
+
+static const struct rh_ctl_hooks hooks = {
+	.lane_event = hk_lane_event,
+	.plan_for = hk_plan_for,
+	.suspect = hk_suspect,
+};
+
+/* --- fixtures --- */
+
+#define NNICS 3
+
+static void setup_nics(void)
+{
+	rh_g.nnics = NNICS;
+	rh_g.ops = &fake_ops;
+	for (int i = 0; i < NNICS; i++) {
+		struct rh_nic *n = &rh_g.nics[i];
+
+		memset(n, 0, sizeof(*n));
+		snprintf(n->ifname, sizeof(n->ifname), "fk%d", i);
+		n->ipv4 = htonl(0x0a000001u + (uint32_t)i);
+		n->rail = 0;
+		n->numa = -1;
+		n->up = true;
+		fk_listen(i);
+	}
+}
+
+/* A ready connection with its primary lane (local NIC 0 -> peer NIC 0) ACTIVE. */
+static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
+{
+	struct rh_conn *c = rh_conn_new(is_send);
+	struct rh_lane *l;
+
+	if (!c) {
+		return NULL;
+	}
+	c->id = rh_random_id();
+	c->chunk = 1u << 19;
+	c->nrnics = NNICS;
+	for (int i = 0; i < NNICS; i++) {
+		c->rnics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
+		c->rnics[i].port = htons(5000);
+		c->rnics[i].rail = 0;
+		c->rnics[i].numa = -1;
+		c->rnics[i].up = true;
+	}
+	pthread_mutex_lock(&c->mu);
+	l = rh_conn_add_lane(c, 0, 0, 0, 2, true);
+	if (l) {
+		c->next_lane_id = 2;
+		rh_conn_open_lane(c, l, RH_HELLO_CONN, 1000);
+		l->state = RH_LANE_ACTIVE;
+		c->ready = true;
+		rh_conn_pick_ctrl_lane(c);
+	}
+	pthread_mutex_unlock(&c->mu);
+	*primary = l;
+	return c;
+}
+
+static void drop_conn(struct rh_conn *c)
+{
+	pthread_mutex_lock(&c->mu);
+	atomic_store(&c->closed, true);
+	for (int i = 0; i < c->nlanes; i++) {
+		rh_conn_fence_lane(c, c->lanes[i]);
+	}
+	pthread_mutex_unlock(&c->mu);
+	rh_core_conn_put(c);
+}
+
+static int find_event(int from, int type)
+{
+	for (int i = from; i < ctl.n && i < 64; i++) {
+		if (ctl.type[i] == type) {
+			return i;
+		}
+	}
+	return -1;
+}
+
+/* Lane id's state, or -1 when no lane has that id any more (a dead lane's slot is reused). */
+static int lane_state(struct rh_conn *c, uint32_t id)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->id == id) {
+			return c->lanes[i]->state;
+		}
+	}
+	return -1;
+}
+
+/* --- conn.c --- */
+
+static int released;
+
+static void count_release(void *state)
+{
+	(void)state;
+	released++;
+}
+
+static void test_stream_attach(void)
+{
+	struct rh_conn *c = rh_conn_new(false);
+	struct rh_lane *l;
+	struct rh_lane_streams *st;
+	int a, b, x;
+
+	EXPECT(c != NULL);
+	if (!c) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	l = rh_conn_add_lane(c, 1, 0, 0, 2, false);
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(atomic_load(&c->refs), 1);
+
+	/* Each attach consumes the reference rh_core_hello() took: kept on success, dropped on
+	 * failure. */
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 0, 2, &a, sizeof(*st) + 64, false), 0);
+	st = l->tp;
+	EXPECT(st != NULL && st->s[0] == &a && st->live == 1);
+	EXPECT_EQ(atomic_load(&c->refs), 2);
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 0, 2, &x, sizeof(*st), false), -EPROTO); /* taken */
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 2, 2, &x, sizeof(*st), false), -EPROTO); /* >= max */
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, -1, 2, &x, sizeof(*st), false), -EPROTO);
+	EXPECT_EQ(atomic_load(&c->refs), 2);
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 1, 2, &b, sizeof(*st), true), 0);
+	EXPECT(l->tp == st && st->s[1] == &b && st->live == 2);
+	EXPECT_EQ(atomic_load(&c->active_io), 1);
+	EXPECT_EQ(atomic_load(&c->refs), 3);
+
+	/* A stream that does not hold the slot clears nothing but drops its reference. */
+	rh_core_conn_get(c);
+	rh_core_stream_detach(c, l, 1, &x, count_release);
+	EXPECT(l->tp == st && st->s[1] == &b && st->live == 2);
+	rh_core_stream_detach(c, l, 0, &a, count_release);
+	EXPECT(l->tp == st && st->s[0] == NULL && st->live == 1);
+	EXPECT_EQ(released, 0);
+	rh_core_stream_detach(c, l, 1, &b, count_release);
+	EXPECT(l->tp == NULL);
+	EXPECT_EQ(released, 1);
+	EXPECT_EQ(atomic_load(&c->refs), 1);
+	rh_core_io_exit(c);
+
+	/* Only an OPENING lane takes streams; io refused once the user closed the connection. */
+	pthread_mutex_lock(&c->mu);
+	l->state = RH_LANE_ACTIVE;
+	pthread_mutex_unlock(&c->mu);
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 0, 2, &a, sizeof(*st), false), -EPROTO);
+	pthread_mutex_lock(&c->mu);
+	l->state = RH_LANE_OPENING;
+	pthread_mutex_unlock(&c->mu);
+	atomic_store(&c->closed, true);
+	rh_core_conn_get(c);
+	EXPECT_EQ(rh_core_stream_attach(l, 0, 2, &a, sizeof(*st), true), -ECONNABORTED);
+	EXPECT(l->tp == NULL);
+	EXPECT_EQ(atomic_load(&c->active_io), 0);
+	EXPECT_EQ(atomic_load(&c->refs), 1);
+	rh_core_conn_put(c);
+}
+
+static void test_ids(void)
+{
+	uint64_t first = rh_random_id();
+	bool differ = false;
+
+	for (int i = 0; i < 1000; i++) {
+		uint64_t v = rh_random_id();
+
+		EXPECT(v != 0 && v != UINT64_MAX);
+		differ |= v != first;
+	}
+	EXPECT(differ);
+}
+
+/* --- failover.c --- */
+
+static void test_failover_with_plan(void)
+{
+	struct rh_lane *l;
+	struct rh_conn *c = ready_conn(true, &l);
+	int ev0 = ctl.n, opens0 = tp.opens, fences0 = tp.fences, e1, e2;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	ctl.nplan = 1;
+	ctl.plan[0] = (struct rh_plan_entry){ .lnic = 1, .remote_rail = -1, .weight = 10000 };
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress");
+	EXPECT(lane_state(c, 0) == RH_LANE_DEAD || lane_state(c, 0) == -1);
+	EXPECT_EQ(tp.fences, fences0 + 1);
+	EXPECT_EQ(tp.fenced_id[fences0], 0);
+	EXPECT_EQ(c->err, 0);
+	EXPECT(c->fo.active);
+	EXPECT(c->await_resume); /* the sender holds new chunks until the peer's RESUME */
+	EXPECT(c->fo.bad_until_ms[0][0] > rh_now_ms());
+	EXPECT(c->fo.primary_lost);
+	pthread_mutex_unlock(&c->mu);
+	/* The lane's timeout is reported before the failover starts, both on the failed NIC. */
+	e1 = find_event(ev0, RH_EVT_LANE_TIMEOUT);
+	e2 = find_event(ev0, RH_EVT_FAILOVER_START);
+	EXPECT(e1 >= 0 && e2 > e1);
+	EXPECT(e1 >= 0 && ctl.lnic[e1] == 0 && ctl.err[e1] == -ETIMEDOUT);
+	EXPECT(e2 >= 0 && ctl.lnic[e2] == 0);
+	/* The backup goes to the plan's local NIC, paired with the original remote NIC. */
+	EXPECT(tp.opens > opens0);
+	EXPECT_EQ(tp.open_lnic[opens0], 1); /* alone: (0, peer 1) */
+	EXPECT_EQ(tp.open_rnic[opens0], 0);
+	ctl.nplan = 0;
+	drop_conn(c);
+}
+
+static void test_failover_standalone(void)
+{
+	struct rh_lane *l;
+	struct rh_conn *c = ready_conn(true, &l);
+	int ev0 = ctl.n, opens0 = tp.opens;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	rh_health_set_hooks(NULL);
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -EIO, "test: I/O error");
+	EXPECT_EQ(c->err, 0);
+	EXPECT(c->fo.active);
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(ctl.n, ev0); /* no control plane: nothing reported */
+	/* The core ranks alone: backup lanes, none on the failed pair (an I/O error marks it bad;
+	 * a reset would not). */
+	EXPECT(tp.opens > opens0);
+	for (int i = opens0; i < tp.opens && i < 64; i++) {
+		EXPECT(tp.open_lnic[i] != 0 || tp.open_rnic[i] != 0);
+	}
+	rh_health_set_hooks(&hooks);
+	drop_conn(c);
+}
+
+/* --- health.c --- */
+
+static void test_nic_health(void)
+{
+	struct rh_lane *l;
+	struct rh_conn *c = ready_conn(false, &l);
+	int ev0 = ctl.n, opens0 = tp.opens, e;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	pthread_mutex_lock(&rh_g.mu);
+	c->gnext = rh_g.conns;
+	rh_g.conns = c;
+	c->registered = true;
+	pthread_mutex_unlock(&rh_g.mu);
+
+	EXPECT_EQ(rh_nic_count(), NNICS);
+	EXPECT(strcmp(rh_nic_name(1), "fk1") == 0);
+	EXPECT(strcmp(rh_nic_name(NNICS), "") == 0);
+
+	rh_nic_set_health(0, false);
+	EXPECT(!rh_g.nics[0].up);
+	pthread_mutex_lock(&c->mu);
+	EXPECT(lane_state(c, 0) == RH_LANE_DEAD || lane_state(c, 0) == -1);
+	EXPECT_EQ(c->err, 0);
+	pthread_mutex_unlock(&c->mu);
+	e = find_event(ev0, RH_EVT_LANE_ERROR);
+	EXPECT(e >= 0 && ctl.lnic[e] == 0 && ctl.err[e] == -ENETDOWN);
+	/* Every backup avoids the NIC that went down. */
+	EXPECT(tp.opens > opens0);
+	for (int i = opens0; i < tp.opens && i < 64; i++) {
+		EXPECT(tp.open_lnic[i] != 0);
+	}
+
+	/* Each source holds the NIC down on its own: carrier keeps it down after the API. */
+	rh_nic_set_health_from(0, RH_HEALTH_CARRIER, false);
+	rh_nic_set_health(0, true);
+	EXPECT(!rh_g.nics[0].up);
+	rh_nic_set_health_from(0, RH_HEALTH_CARRIER, true);
+	EXPECT(rh_g.nics[0].up);
+	rh_nic_set_health(NNICS + 5, false); /* out of range: ignored */
+
+	pthread_mutex_lock(&rh_g.mu);
+	rh_g.conns = c->gnext;
+	c->registered = false;
+	pthread_mutex_unlock(&rh_g.mu);
+	drop_conn(c);
+}
+
+int main(void)
+{
+	setup_nics();
+	rh_health_set_hooks(&hooks);
+	test_stream_attach();
+	test_ids();
+	test_failover_with_plan();
+	test_failover_standalone();
+	test_nic_health();
+	TEST_DONE();
+}
