@@ -9,8 +9,9 @@
  * the receiver writes the connection handles into the --rendezvous directory, the sender reads
  * them (handle.<i>). Exit status (summary()): 0 every byte checked and no request failed (with
  * --expect-error: a request failed with ncclRemoteError/ncclSystemError and no data error),
- * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed. tests/privileged/test_datapath*.py drive
- * it.
+ * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed, 4 (when it would be 0) a
+ * plugin thread still ran or the plugin logged after the teardown (teardown()).
+ * tests/privileged/test_datapath*.py and test_teardown.py drive it.
  */
 #include <dirent.h>
 #include <dlfcn.h>
