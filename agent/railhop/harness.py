@@ -517,8 +517,9 @@ class HarnessRun:
         self.recv_node = recv_node
         self.env = dict(env or {})
         self.on_progress = on_progress
-        self.harness = harness or paths.harness_path()
-        self.plugin = plugin or paths.plugin_path()
+        # absolute: both sides run in workdir
+        self.harness = Path(harness).resolve() if harness else paths.harness_path()
+        self.plugin = Path(plugin).resolve() if plugin else paths.plugin_path()
         self.grace_s = grace_s
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
