@@ -236,7 +236,12 @@ int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
 struct rh_lane_info;
 struct rh_plan_entry;
 void rh_health_poll_carrier(void);
-void rh_health_start_ticker(void);
+/* Plugin start/stop: every NIC up again, the ticker thread started / stopped and joined, the
+ * control plane's shutdown hook. */
+void rh_health_reset(void);
+int rh_health_start_ticker(void);
+void rh_health_stop_ticker(void);
+void rh_health_shutdown(void);
 /* The registered control plane's hooks; standalone (no hooks): no-op, 0, false. */
 void rh_health_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
 			  int err, uint64_t duration_ns, const struct rh_lane_info *info);

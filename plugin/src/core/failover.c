@@ -101,7 +101,10 @@ static int rank_ex(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
 
-		if (l->state != RH_LANE_DEAD && !l->bye_sent) {
+		/* a lane whose pair lies outside the tables (the peer's NIC table changed under
+		 * it, or its hello named NICs that do not exist) excludes nothing */
+		if (l->state != RH_LANE_DEAD && !l->bye_sent && l->lnic >= 0 &&
+		    l->lnic < rh_g.nnics && l->rnic >= 0 && l->rnic < c->nrnics) {
 			excl[l->lnic * c->nrnics + l->rnic] = true;
 		}
 	}

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Process-wide setup and connection establishment: init (once per process; the library is
- * linked -z nodelete so its state survives NCCL's dlclose/dlopen), devices, listen, the
- * resumable connect/accept state machines, lane handshakes, close.
+ * Process-wide setup and connection establishment: the plugin's lifecycle (start at the first
+ * init, stop when nobody uses it any more), devices, listen, the resumable connect/accept
+ * state machines, lane handshakes, close.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,56 +20,214 @@
 #include "health.h"
 #include "sched.h"
 
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int init_rc = -EAGAIN;
+static void registry_del(struct rh_conn *c);
 
-static void init_once_fn(void)
+/*
+ * Lifecycle. The plugin runs (ticker, transport I/O threads, lane listeners, the agent link)
+ * while someone uses it: a context (ncclNet v11+: init .. finalize), a listen comm or a send/
+ * recv comm handed to the host. Tables without finalize (v8..v10) hold it from init until
+ * their last comm and listener are closed. When nothing holds it any more it stops: every
+ * thread is joined, every descriptor closed, every connection released and the host's logger
+ * forgotten, so the host may dlclose the library (NCCL does when its last communicator using
+ * the plugin is finalized) and a later init starts from scratch.
+ */
+static pthread_mutex_t life_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool running;
+static int nctx; /* live contexts (v11+) */
+static int nobj; /* listen comms and send/recv comms held by the host */
+static int legacy; /* init through a table without finalize: held until nobj drops to 0 */
+static ncclDebugLogger_t host_logger; /* the last logger a v8..v10 init passed */
+
+static int start_locked(void)
 {
 	int rc;
 
+	if (running) {
+		return 0;
+	}
 	rc = rh_params_load();
 	if (rc < 0) {
-		init_rc = rc;
-		return;
+		return rc;
 	}
 	rc = rh_nic_discover(rh_g.nics, RH_MAX_NICS);
 	if (rc < 0) {
-		init_rc = rc;
-		return;
+		return rc;
 	}
 	rh_g.nnics = rc;
+	rh_health_reset();
 	rh_health_poll_carrier(); /* a NIC already down at start is never advertised or used */
 	rh_g.ops = rh_lanes_choose();
 	if (!rh_g.ops) {
-		init_rc = -EPROTONOSUPPORT;
-		return;
+		return -EPROTONOSUPPORT;
 	}
 	rc = rh_g.ops->start((int)rh_param.NTHREADS);
 	if (rc < 0) {
-		init_rc = rc;
-		return;
+		if (rh_g.ops->stop) {
+			rh_g.ops->stop();
+		}
+		return rc;
 	}
 	for (int i = 0; i < rh_g.nnics; i++) {
 		rc = rh_g.ops->listen(i);
 		if (rc < 0) {
 			WARN("cannot listen on %s: %s", rh_g.nics[i].ifname, strerror(-rc));
-			init_rc = rc;
-			return;
+			if (rh_g.ops->stop) {
+				rh_g.ops->stop();
+			}
+			return rc;
 		}
 	}
 	if (rh_param.CHECKSUM) {
 		INFO("RAILHOP_CHECKSUM=1: a CRC32C (%s) of every DATA chunk sent on TCP lanes",
 		     rh_crc32c_impl());
 	}
-	rh_health_start_ticker();
-	init_rc = 0;
+	rc = rh_health_start_ticker();
+	if (rc < 0) {
+		if (rh_g.ops->stop) {
+			rh_g.ops->stop();
+		}
+		return rc;
+	}
+	running = true;
+	return 0;
+}
+
+static void stop_locked(void)
+{
+	struct rh_conn *list[RH_SNAPSHOT_MAX];
+	int n;
+
+	if (!running) {
+		return;
+	}
+	if (!rh_g.ops->stop) {
+		return; /* a transport that cannot stop keeps running (the library stays mapped) */
+	}
+	rh_health_stop_ticker();
+	/* What is left in the registry was never handed to the host (half-open, abandoned
+	 * connects) or was closed and waits for its BYE: fence it, drop the registry's
+	 * reference; the transport's streams hold theirs until it stops below. */
+	do {
+		pthread_mutex_lock(&rh_g.mu);
+		for (n = 0; rh_g.conns && n < RH_SNAPSHOT_MAX; n++) {
+			struct rh_conn *c = rh_g.conns;
+
+			pthread_mutex_lock(&c->mu);
+			registry_del(c);
+			atomic_store(&c->closed, true);
+			if (!c->err) {
+				c->err = -ESHUTDOWN;
+			}
+			for (int i = 0; i < c->nlanes; i++) {
+				rh_conn_fence_lane(c, c->lanes[i]);
+			}
+			pthread_mutex_unlock(&c->mu);
+			list[n] = c;
+		}
+		pthread_mutex_unlock(&rh_g.mu);
+		for (int i = 0; i < n; i++) {
+			rh_core_conn_put(list[i]);
+		}
+	} while (n == RH_SNAPSHOT_MAX);
+	rh_g.ops->stop(); /* joins the I/O threads; the last connection references go */
+	rh_health_shutdown();
+	running = false;
+	INFO("stopped: no context, comm or listener left");
+	rh_log_clear();
+}
+
+/* Drop one hold (nctx or nobj already decremented); stop when none is left. */
+static void release_locked(void)
+{
+	if (nobj == 0) {
+		legacy = 0;
+	}
+	if (nctx == 0 && nobj == 0 && legacy == 0) {
+		stop_locked();
+	}
 }
 
 int rh_init(ncclDebugLogger_t logger)
 {
+	int rc;
+
+	pthread_mutex_lock(&life_mu);
 	rh_log_set(logger);
-	pthread_once(&init_once, init_once_fn);
-	return init_rc;
+	if (logger) {
+		host_logger = logger;
+	}
+	rc = start_locked();
+	if (rc == 0) {
+		legacy = 1;
+	}
+	pthread_mutex_unlock(&life_mu);
+	return rc;
+}
+
+int rh_init_ctx(ncclDebugLogger_t logger)
+{
+	int rc;
+
+	pthread_mutex_lock(&life_mu);
+	rh_log_set(logger);
+	rc = start_locked();
+	if (rc == 0) {
+		nctx++;
+	}
+	pthread_mutex_unlock(&life_mu);
+	return rc;
+}
+
+void rh_finalize_ctx(void)
+{
+	pthread_mutex_lock(&life_mu);
+	if (nctx > 0) {
+		nctx--;
+		release_locked();
+	}
+	pthread_mutex_unlock(&life_mu);
+}
+
+bool rh_running(void)
+{
+	bool r;
+
+	pthread_mutex_lock(&life_mu);
+	r = running;
+	pthread_mutex_unlock(&life_mu);
+	return r;
+}
+
+/* Make sure the plugin runs (a v8..v10 host listening or connecting again after its last comm
+ * was closed starts it again) and, with count, count one more comm held by the host. */
+static int hold(bool count)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&life_mu);
+	if (!running && host_logger) {
+		rh_log_set(host_logger);
+		rc = start_locked();
+		legacy = rc == 0;
+	}
+	if (rc == 0 && !running) {
+		rc = -ESHUTDOWN; /* used without init, or after finalize */
+	}
+	if (rc == 0 && count) {
+		nobj++;
+	}
+	pthread_mutex_unlock(&life_mu);
+	return rc;
+}
+
+static void release(void)
+{
+	pthread_mutex_lock(&life_mu);
+	if (nobj > 0) {
+		nobj--;
+		release_locked();
+	}
+	pthread_mutex_unlock(&life_mu);
 }
 
 int rh_devices(int *ndev)
@@ -97,13 +255,19 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 {
 	struct rh_listen *l;
 	struct rh_handle h = { 0 };
+	int rc;
 
 	*listen_comm = NULL;
 	if (dev < 0 || dev >= rh_g.nnics) {
 		return -EINVAL;
 	}
+	rc = hold(true);
+	if (rc < 0) {
+		return rc;
+	}
 	l = calloc(1, sizeof(*l));
 	if (!l) {
+		release();
 		return -ENOMEM;
 	}
 	l->dev = dev;
@@ -197,6 +361,7 @@ int rh_connect(int dev, void *handle, void **send_comm)
 	struct rh_conn *c = NULL, *it;
 	struct rh_handle h;
 	uint64_t cookie;
+	bool ready = false;
 	int rc = 0;
 
 	*send_comm = NULL;
@@ -210,6 +375,10 @@ int rh_connect(int dev, void *handle, void **send_comm)
 			WARN("bad connect handle (or one from another railhop wire protocol: every "
 			     "rank must load the same plugin build)");
 			return -EINVAL;
+		}
+		rc = hold(false);
+		if (rc < 0) {
+			return rc;
 		}
 		c = rh_conn_new(true);
 		if (!c) {
@@ -272,14 +441,17 @@ int rh_connect(int dev, void *handle, void **send_comm)
 	}
 	pthread_mutex_lock(&c->mu);
 	if (c->ready) {
-		*send_comm = c;
-		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
+		ready = true;
 	} else if (c->err) {
 		rc = c->err;
 	} else if (rh_now_ms() > c->t_connect_deadline_ms) {
 		rc = -ETIMEDOUT;
 	}
 	pthread_mutex_unlock(&c->mu);
+	if (ready && hold(true) == 0) { /* not under c->mu: the lifecycle lock comes first */
+		*send_comm = c;
+		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
+	}
 	if (rc < 0) {
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 		pthread_mutex_lock(&rh_g.mu);
@@ -314,6 +486,12 @@ int rh_accept(void *listen_comm, void **recv_comm)
 		*recv_comm = c;
 	}
 	pthread_mutex_unlock(&rh_g.mu);
+	if (c && hold(true) < 0) {
+		/* cannot happen: the listener holds the plugin running */
+		rh_core_conn_put(c);
+		*recv_comm = NULL;
+		return -ESHUTDOWN;
+	}
 	return 0;
 }
 
@@ -412,12 +590,14 @@ static void close_conn(struct rh_conn *c)
 int rh_close_send(void *send_comm)
 {
 	close_conn(send_comm);
+	release();
 	return 0;
 }
 
 int rh_close_recv(void *recv_comm)
 {
 	close_conn(recv_comm);
+	release();
 	return 0;
 }
 
@@ -454,6 +634,7 @@ int rh_close_listen(void *listen_comm)
 	}
 	pthread_mutex_unlock(&rh_g.mu);
 	free(l);
+	release();
 	return 0;
 }
 
