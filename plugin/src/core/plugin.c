@@ -763,6 +763,13 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 			refuse(hdr, h, "another connection's hello");
 			return NULL;
 		}
+		/* another stream, or a retried first lane (the connector may pick another pair):
+		 * its NIC indices index our tables too */
+		if (h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
+		    h->src_nic >= c->nrnics) {
+			refuse(hdr, h, "bad NIC index");
+			return NULL;
+		}
 		return c;
 	}
 	if (listen_seen(ls, hdr->conn_id)) {
