@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${RAILHOP_VENV:-.venv}
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
 	python3-bpfcc bpfcc-tools python3-pyverbs rdma-core libibverbs-dev systemtap-sdt-dev
-	iproute2 iperf3 libfabric-dev libfabric-bin linux-headers-amd64 clang-format
+	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
 	systemd)
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -520,8 +520,9 @@ class HarnessRun:
         self.recv_node = recv_node
         self.env = dict(env or {})
         self.on_progress = on_progress
-        self.harness = harness or paths.harness_path()
-        self.plugin = plugin or paths.plugin_path()
+        # absolute: both sides run in workdir
+        self.harness = Path(harness).resolve() if harness else paths.harness_path()
+        self.plugin = Path(plugin).resolve() if plugin else paths.plugin_path()
         self.grace_s = grace_s
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
@@ -558,6 +559,7 @@ class HarnessRun:
                     stderr=err,
                     text=True,
                     bufsize=1,
+                    cwd=self.workdir,  # crash files (core, *.btr) land here, not in the caller's
                 )
             self.sides[role] = _Side(role, node, proc, err_path, self.on_progress)
         return self

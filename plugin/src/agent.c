@@ -137,7 +137,8 @@ static void enqueue(const struct rh_lane_event *ev)
 {
 	pthread_mutex_lock(&evq_mu);
 	if (evq_len < RH_EVQ_MAX) {
-		evq[evq_len++] = *ev;
+		evq[evq_len] = *ev;
+		__atomic_store_n(&evq_len, evq_len + 1, __ATOMIC_RELAXED); /* peeked unlocked */
 	} else {
 		evq_dropped++;
 	}
@@ -154,7 +155,7 @@ static void flush_queued(struct rh_ctl *c)
 	}
 	if (sent) {
 		memmove(evq, evq + sent, (size_t)(evq_len - sent) * sizeof(evq[0]));
-		evq_len -= sent;
+		__atomic_store_n(&evq_len, evq_len - sent, __ATOMIC_RELAXED);
 		if (evq_dropped) {
 			INFO("%lu lane event(s) dropped while the agent was not connected",
 			     evq_dropped);
@@ -189,7 +190,7 @@ static void agent_poll(uint64_t now_ms)
 		if (rc < 0) {
 			ctl_failed = true;
 			pthread_mutex_lock(&evq_mu);
-			evq_len = 0;
+			__atomic_store_n(&evq_len, 0, __ATOMIC_RELAXED);
 			pthread_mutex_unlock(&evq_mu);
 			WARN("agent control plane unavailable (%s): working alone", strerror(-rc));
 			return;
@@ -279,11 +280,32 @@ static void agent_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_
 	}
 }
 
+/* Plugin shutdown (no ticker or I/O thread left): close the control plane (table mapping,
+ * agent socket) and forget its state, so a later start begins afresh. */
+static void agent_shutdown(void)
+{
+	struct rh_ctl *c = __atomic_exchange_n(&ctl, NULL, __ATOMIC_ACQ_REL);
+
+	if (c) {
+		rh_ctl_close(c);
+	}
+	ctl_failed = false;
+	memset(suspect_by_agent, 0, sizeof(suspect_by_agent));
+	memset(down_by_agent, 0, sizeof(down_by_agent));
+	memset(&view, 0, sizeof(view));
+	clear_plans();
+	pthread_mutex_lock(&evq_mu);
+	__atomic_store_n(&evq_len, 0, __ATOMIC_RELAXED);
+	evq_dropped = 0;
+	pthread_mutex_unlock(&evq_mu);
+}
+
 static const struct rh_ctl_hooks agent_hooks = {
 	.lane_event = agent_lane_event,
 	.plan_for = agent_plan_for,
 	.suspect = agent_suspect,
 	.poll = agent_poll,
+	.shutdown = agent_shutdown,
 };
 
 void rh_agent_register(void)

@@ -45,11 +45,12 @@ static ncclResult_t rh_result(int rc)
 	}
 }
 
-/* The one place that assembles the plugin: the agent glue plugs into the core, then init. */
-static int plugin_init(ncclDebugLogger_t logger)
+/* The one place that assembles the plugin: the agent glue plugs into the core, then init (of
+ * a context, v11+, or of a table without finalize). */
+static int plugin_init(ncclDebugLogger_t logger, bool ctx)
 {
 	rh_agent_register();
-	return rh_init(logger);
+	return ctx ? rh_init_ctx(logger) : rh_init(logger);
 }
 
 struct rh_ctx {
@@ -60,13 +61,13 @@ struct rh_ctx {
 
 static ncclResult_t init_v8(ncclDebugLogger_t logFunction)
 {
-	return rh_result(plugin_init(logFunction));
+	return rh_result(plugin_init(logFunction, false));
 }
 
 static ncclResult_t init_v10(ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction)
 {
 	(void)profFunction;
-	return rh_result(plugin_init(logFunction));
+	return rh_result(plugin_init(logFunction, false));
 }
 
 static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_t *config,
@@ -76,12 +77,13 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_
 	int rc;
 
 	(void)profFunction;
-	rc = plugin_init(logFunction);
+	rc = plugin_init(logFunction, true);
 	if (rc < 0) {
 		return rh_result(rc);
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
+		rh_finalize_ctx();
 		return ncclSystemError;
 	}
 	c->comm_id = commId;
@@ -90,9 +92,15 @@ static ncclResult_t init_v11(void **ctx, uint64_t commId, ncclNetCommConfig_v11_
 	return ncclSuccess;
 }
 
+/* The last context gone (and every comm and listener closed): the plugin stops, so the host
+ * may dlclose it right after. */
 static ncclResult_t finalize_v11(void *ctx)
 {
+	if (!ctx) {
+		return ncclInternalError;
+	}
 	free(ctx);
+	rh_finalize_ctx();
 	return ncclSuccess;
 }
 

@@ -13,6 +13,11 @@ void rh_log_set(ncclDebugLogger_t logger)
 	}
 }
 
+void rh_log_clear(void)
+{
+	__atomic_store_n(&g_logger, NULL, __ATOMIC_RELEASE);
+}
+
 void rh_log(ncclDebugLogLevel level, const char *file, int line, const char *func, const char *fmt,
 	    ...)
 {

@@ -25,7 +25,15 @@ struct rh_props {
 	int max_comms;
 };
 
+/* Lifecycle (see core/plugin.c): rh_init is the init of a table without finalize (v8..v10),
+ * which holds the plugin until its last comm and listener are closed; rh_init_ctx and
+ * rh_finalize_ctx bracket one context (v11+). The plugin stops, joining every thread and
+ * closing every descriptor, when no context, comm or listener is left; rh_running() says
+ * whether it runs. */
 int rh_init(ncclDebugLogger_t logger);
+int rh_init_ctx(ncclDebugLogger_t logger);
+void rh_finalize_ctx(void);
+bool rh_running(void);
 int rh_devices(int *ndev);
 int rh_get_props(int dev, struct rh_props *p);
 int rh_listen(int dev, void *handle, void **listen_comm);

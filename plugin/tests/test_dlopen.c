@@ -37,8 +37,9 @@ static void check_exports(const char *path)
 	while (fgets(line, sizeof(line), p)) {
 		char addr[64], type[8], name[256];
 
-		if (sscanf(line, "%63s %7s %255s", addr, type, name) != 3) {
-			continue;
+		if (sscanf(line, "%63s %7s %255s", addr, type, name) != 3 ||
+		    strncmp(name, "__odr_asan", 10) == 0) {
+			continue; /* AddressSanitizer's ODR indicators (sanitizer builds only) */
 		}
 		if (strncmp(name, "ncclNetPlugin_v", 15) == 0) {
 			int v = atoi(name + 15);

@@ -214,6 +214,7 @@ static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
 		rh_conn_open_lane(c, l, RH_HELLO_CONN, 1000);
 		l->state = RH_LANE_ACTIVE;
 		c->ready = true;
+		c->have_nonces = true; /* as after the founding hello's proven reply */
 		rh_conn_pick_ctrl_lane(c);
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -485,6 +486,46 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	drop_conn(c);
 }
 
+/* A lane naming NICs outside the tables (an accepted hello's indices, or a peer NIC table
+ * that shrank under it) must not make ranking write outside its pair table: the replay of
+ * bit-flipped lane bytes (issue 17, item 9) crashed the receiver there (ASan: stack overflow
+ * in rank_ex). */
+static void test_ranking_ignores_stray_lane(void)
+{
+	struct rh_lane *l, *stray;
+	struct rh_conn *c = ready_conn(true, &l);
+	int opens0 = tp.opens;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	rh_health_set_hooks(NULL);
+	pthread_mutex_lock(&c->mu);
+	stray = rh_conn_add_lane(c, 7, 0, 0, 1, false);
+	EXPECT(stray != NULL);
+	if (stray) {
+		stray->state = RH_LANE_DRAINING; /* carries nothing new: backups are wanted */
+		stray->lnic = 134234112; /* as a flipped bit left it */
+		stray->rnic = 40000;
+	}
+	rh_fo_lane_failed(c, l, -EIO, "test: I/O error");
+	EXPECT_EQ(c->err, 0);
+	pthread_mutex_unlock(&c->mu);
+	/* ranked and opened backups on real pairs */
+	EXPECT(tp.opens > opens0);
+	for (int i = opens0; i < tp.opens && i < 64; i++) {
+		EXPECT(tp.open_lnic[i] >= 0 && tp.open_lnic[i] < NNICS);
+		EXPECT(tp.open_rnic[i] >= 0 && tp.open_rnic[i] < NNICS);
+	}
+	if (stray) {
+		stray->lnic = 0; /* fence/free paths index by it */
+		stray->rnic = 0;
+	}
+	rh_health_set_hooks(&hooks);
+	drop_conn(c);
+}
+
 /* --- health.c --- */
 
 static void test_nic_health(void)
@@ -545,6 +586,7 @@ int main(void)
 	test_failover_with_plan();
 	test_failover_standalone();
 	test_escalation_waits_for_lanes_in_flight();
+	test_ranking_ignores_stray_lane();
 	test_nic_health();
 	TEST_DONE();
 }

@@ -9,13 +9,16 @@
  * the receiver writes the connection handles into the --rendezvous directory, the sender reads
  * them (handle.<i>). Exit status (summary()): 0 every byte checked and no request failed (with
  * --expect-error: a request failed with ncclRemoteError/ncclSystemError and no data error),
- * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed. tests/privileged/test_datapath*.py drive
- * it.
+ * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed, 4 (when it would be 0) a
+ * plugin thread still ran or the plugin logged after the teardown (teardown()).
+ * tests/privileged/test_datapath*.py and test_teardown.py drive it.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -72,6 +75,9 @@ static struct {
 } net;
 
 static double t0;
+static void *lib;
+static volatile int finalized; /* the host's side: the logger is gone after finalize */
+static volatile int late_logs;
 
 static double now_s(void)
 {
@@ -87,6 +93,9 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
 	va_list ap;
 
 	(void)flags;
+	if (finalized) {
+		late_logs++;
+	}
 	if (level > NCCL_LOG_WARN && !opt.verbose) {
 		return;
 	}
@@ -520,6 +529,54 @@ static void close_all(void)
 	}
 }
 
+/* Tear down as NCCL 2.23+ does: deregister, close every comm and listener, finalize the
+ * context, unload the plugin. By then the plugin must have stopped: a thread of it still
+ * running would execute unmapped code, a log call would reach a logger the host released.
+ * Exit status 4 when either happened (rc otherwise). */
+static int count_threads(void)
+{
+	int threads = 0;
+	DIR *d = opendir("/proc/self/task");
+
+	for (struct dirent *e; d && (e = readdir(d));) {
+		threads += e->d_name[0] != '.';
+	}
+	if (d) {
+		closedir(d);
+	}
+	return threads;
+}
+
+static int threads0; /* before the plugin was loaded */
+
+static void *nothing(void *arg)
+{
+	return arg;
+}
+
+static int teardown(int rc)
+{
+	int threads;
+
+	close_all();
+	if (net.v == 11) {
+		T(11)->finalize(net.ctx);
+	} else if (net.v == 12) {
+		T(12)->finalize(net.ctx);
+	}
+	finalized = 1;
+	dlclose(lib);
+	threads = count_threads();
+	if (threads != threads0 || late_logs) {
+		fprintf(stderr,
+			"harness: after finalize and dlclose: %d plugin thread(s) still running, "
+			"%d log call(s)\n",
+			threads - threads0, late_logs);
+		return rc ? rc : 4;
+	}
+	return rc;
+}
+
 static int setup(double deadline)
 {
 	char path[4096], tmp[4200];
@@ -838,7 +895,6 @@ static void idle_nap(int *idle, bool worked)
 
 int main(int argc, char **argv)
 {
-	void *lib;
 	bool worked;
 	char sym[32];
 	double deadline, next_report, stop_at = 0;
@@ -849,6 +905,15 @@ int main(int argc, char **argv)
 	parse_args(argc, argv);
 	opt.verbose |= getenv("RAILHOP_HARNESS_VERBOSE") != NULL;
 	deadline = t0 + opt.deadline;
+	{
+		/* a sanitizer runtime starts a helper thread with the first thread: not ours */
+		pthread_t th;
+
+		if (pthread_create(&th, NULL, nothing, NULL) == 0) {
+			pthread_join(th, NULL);
+		}
+		threads0 = count_threads();
+	}
 	lib = dlopen(opt.plugin, RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
 		fprintf(stderr, "harness: dlopen: %s\n", dlerror());
@@ -882,12 +947,10 @@ int main(int argc, char **argv)
 		opt.role == ROLE_SEND ? "send" : "recv", opt.api, ndev, opt.conns);
 	rc = setup(deadline);
 	if (rc < 0) {
-		close_all();
-		return summary(rc == -2 ? 3 : 1);
+		return teardown(summary(rc == -2 ? 3 : 1));
 	}
 	if (alloc_buffers() < 0) {
-		close_all();
-		return summary(1);
+		return teardown(summary(1));
 	}
 	data_t0 = now_s();
 	if (opt.duration >= 0) {
@@ -937,13 +1000,11 @@ int main(int argc, char **argv)
 		if (now > deadline) {
 			fprintf(stderr, "harness: deadline reached\n");
 			progress_line();
-			close_all();
-			return summary(3);
+			return teardown(summary(3));
 		}
 	}
 out:
 	progress_line();
 	rc = summary(0);
-	close_all();
-	return rc;
+	return teardown(rc);
 }

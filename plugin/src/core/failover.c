@@ -106,7 +106,10 @@ static int rank_ex(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
 
-		if (l->state != RH_LANE_DEAD && !l->bye_sent) {
+		/* a lane whose pair lies outside the tables (the peer's NIC table changed under
+		 * it, or its hello named NICs that do not exist) excludes nothing */
+		if (l->state != RH_LANE_DEAD && !l->bye_sent && l->lnic >= 0 &&
+		    l->lnic < rh_g.nnics && l->rnic >= 0 && l->rnic < c->nrnics) {
 			excl[l->lnic * c->nrnics + l->rnic] = true;
 		}
 	}
@@ -370,7 +373,9 @@ static void send_notify(struct rh_conn *c)
 		c->fo.t_last_failreq_ms = rh_now_ms();
 		c->fo.failreq_out = true;
 	} else {
-		c->epoch++;
+		if (rh_conn_epoch_bump(c) < 0) {
+			return;
+		}
 		rh_conn_queue_resume(c, false);
 		c->fo.active = false;
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
@@ -617,10 +622,9 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_conn_epoch_take(c, h->epoch) || rh_conn_epoch_bump(c) < 0) {
+		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
 	}
-	c->epoch++;
 	rh_conn_queue_resume(c, true);
 	if (!c->fo.active && !c->fo.await_first) {
 		/* moved because the peer detected it: this side's marks start here */
@@ -701,8 +705,9 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_conn_epoch_take(c, h->epoch)) {
+		free(r);
+		return;
 	}
 	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
 		/* The receiver moved on its own while our FAILREQ was on its way; it will answer

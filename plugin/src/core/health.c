@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
 #include <time.h>
 
 #include "../log.h"
@@ -52,6 +54,27 @@ bool rh_health_nic_suspect(int nic)
 
 static uint32_t down_mask[RH_MAX_NICS]; /* sources holding each NIC down (ticker/API) */
 static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool down_by_carrier[RH_MAX_NICS]; /* ticker (and start, before the ticker runs) */
+
+void rh_health_reset(void)
+{
+	pthread_mutex_lock(&health_mu);
+	memset(down_mask, 0, sizeof(down_mask));
+	memset(down_by_carrier, 0, sizeof(down_by_carrier));
+	pthread_mutex_unlock(&health_mu);
+	for (int i = 0; i < rh_g.nnics; i++) {
+		__atomic_store_n(&rh_g.nics[i].up, true, __ATOMIC_RELEASE);
+	}
+}
+
+void rh_health_shutdown(void)
+{
+	const struct rh_ctl_hooks *h = ctl_hooks();
+
+	if (h && h->shutdown) {
+		h->shutdown();
+	}
+}
 
 void rh_nic_set_health_from(int nic, enum rh_health_src src, bool up)
 {
@@ -149,8 +172,6 @@ int64_t rh_agent_uid(void)
 
 void rh_health_poll_carrier(void)
 {
-	static bool down_by_carrier[RH_MAX_NICS];
-
 	for (int i = 0; i < rh_g.nnics; i++) {
 		int c = rh_nic_read_carrier(rh_param.SYSFS_ROOT, rh_g.nics[i].ifname);
 
@@ -164,13 +185,16 @@ void rh_health_poll_carrier(void)
 	}
 }
 
+static pthread_t ticker_th;
+static atomic_bool ticker_stop;
+
 /* Every 20 ms: carrier (every CARRIER_POLL ms), the control plane, every connection. */
 static void *ticker(void *arg)
 {
 	uint64_t last_carrier = 0;
 
 	(void)arg;
-	for (;;) {
+	while (!atomic_load(&ticker_stop)) {
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 		const struct rh_ctl_hooks *h;
 		uint64_t now;
@@ -191,15 +215,22 @@ static void *ticker(void *arg)
 	return NULL;
 }
 
-void rh_health_start_ticker(void)
+int rh_health_start_ticker(void)
 {
-	pthread_t t;
-	pthread_attr_t a;
+	int rc;
 
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &a, ticker, NULL) == 0) {
-		pthread_setname_np(t, "railhop-tick");
+	atomic_store(&ticker_stop, false);
+	rc = pthread_create(&ticker_th, NULL, ticker, NULL);
+	if (rc != 0) {
+		WARN("cannot start the ticker thread: %s", strerror(rc));
+		return -rc;
 	}
-	pthread_attr_destroy(&a);
+	pthread_setname_np(ticker_th, "railhop-tick");
+	return 0;
+}
+
+void rh_health_stop_ticker(void)
+{
+	atomic_store(&ticker_stop, true);
+	pthread_join(ticker_th, NULL); /* it sleeps 20 ms between rounds */
 }

@@ -69,6 +69,10 @@ struct rh_ctl_hooks {
 	bool (*suspect)(int nic);
 	/* Called from the ticker thread every tick; may call the rh_nic_* functions above. */
 	void (*poll)(uint64_t now_ms);
+	/* The plugin stops (no ticker, I/O thread or connection left, no other hook running):
+	 * release everything (descriptors, mappings) and forget the state; the next start
+	 * begins afresh. */
+	void (*shutdown)(void);
 };
 
 /* Register the control plane (NULL: standalone). Call before the first rh_init(). */

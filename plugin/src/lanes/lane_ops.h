@@ -70,8 +70,14 @@ struct rh_tx {
 
 struct lane_ops {
 	const char *name;
-	/* Start the process-wide transport machinery once (I/O threads). */
+	/* Start the process-wide transport machinery (I/O threads). May run again after stop. */
 	int (*start)(int nthreads);
+	/* Stop it (plugin shutdown, also after a failed start or listen): join every thread the
+	 * transport or its library started, close every descriptor, release every stream (their
+	 * connection references go, and no callback into the core follows once it returns).
+	 * Called with every connection closed and its lanes fenced, and no caller left in the
+	 * other callbacks. */
+	void (*stop)(void);
 	/* Open the lane listener of local NIC nic (fills rh_g.nics[nic].port). Every NIC keeps one
 	 * for the lanes of all connections and for probes. */
 	int (*listen)(int nic);

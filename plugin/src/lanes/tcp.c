@@ -9,7 +9,7 @@ static struct tcp_worker *workers;
 static int nworkers;
 static atomic_uint next_worker;
 
-static void worker_kick(struct tcp_worker *w)
+void worker_kick(struct tcp_worker *w)
 {
 	uint64_t one = 1;
 
@@ -164,7 +164,7 @@ static struct tcp_stream *dial(int lnic, uint32_t ip, uint16_t port, enum tcp_ki
 	struct tcp_stream *s;
 	int fd, rc, len;
 
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	fd = lane_socket();
 	if (fd < 0) {
 		*err = -errno;
 		return NULL;
@@ -422,33 +422,84 @@ static int tcp_start(int nthreads)
 		return -ENOMEM;
 	}
 	nworkers = nthreads;
+	atomic_store(&next_worker, 0);
+	tcp_guard_init();
+	for (int i = 0; i < nthreads; i++) {
+		workers[i].epfd = workers[i].evfd = -1; /* what tcp_stop() closes after a failure */
+	}
 	for (int i = 0; i < nthreads; i++) {
 		struct tcp_worker *w = &workers[i];
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 		char name[16];
+		int rc;
 
 		pthread_mutex_init(&w->mu, NULL);
 		atomic_init(&w->kicked, false);
+		atomic_init(&w->stop, false);
 		w->epfd = epoll_create1(EPOLL_CLOEXEC);
+		if (w->epfd < 0) {
+			return -errno;
+		}
 		w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (w->evfd < 0 || epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) < 0) {
+			return -errno;
+		}
 		w->scratch = malloc(TCP_SCRATCH);
-		if (w->epfd < 0 || w->evfd < 0 || !w->scratch ||
-		    epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->evfd, &ev) < 0) {
-			return -errno ? -errno : -ENOMEM;
+		if (!w->scratch) {
+			return -ENOMEM;
 		}
-		if (pthread_create(&w->th, NULL, worker_main, w) != 0) {
-			return -EAGAIN;
+		rc = pthread_create(&w->th, NULL, worker_main, w);
+		if (rc != 0) {
+			return -rc;
 		}
-		pthread_detach(w->th);
+		w->started = true;
 		snprintf(name, sizeof(name), "railhop-io%u", (unsigned)i % 100);
 		pthread_setname_np(w->th, name);
 	}
 	return 0;
 }
 
+static void tcp_stop(void)
+{
+	for (int i = 0; i < nworkers; i++) {
+		atomic_store(&workers[i].stop, true);
+		atomic_store(&workers[i].kicked, false);
+		if (workers[i].evfd >= 0) {
+			worker_kick(&workers[i]);
+		}
+	}
+	for (int i = 0; i < nworkers; i++) {
+		if (workers[i].started) {
+			pthread_join(workers[i].th, NULL);
+		}
+	}
+	/* Reaping may still kick a worker (a stream of a closing connection): only after
+	 * every worker is joined are their queues final. */
+	for (int i = 0; i < nworkers; i++) {
+		worker_reap_all(&workers[i]);
+	}
+	tcp_guard_fini();
+	for (int i = 0; i < nworkers; i++) {
+		struct tcp_worker *w = &workers[i];
+
+		if (w->epfd >= 0) {
+			close(w->epfd);
+		}
+		if (w->evfd >= 0) {
+			close(w->evfd);
+		}
+		free(w->scratch);
+		pthread_mutex_destroy(&w->mu);
+	}
+	free(workers);
+	workers = NULL;
+	nworkers = 0;
+}
+
 const struct lane_ops rh_tcp_ops = {
 	.name = "tcp",
 	.start = tcp_start,
+	.stop = tcp_stop,
 	.listen = tcp_listen,
 	.open = tcp_open,
 	.kick = tcp_kick,

@@ -38,6 +38,29 @@
 #define TCP_CTRL_CAP (2 * (RH_HDR_LEN + RH_CTRL_MAX))
 #define TCP_HELLO_MAX 4096
 
+/*
+ * Bounds on the lane listeners: anyone who can reach a NIC can connect to them.
+ *  - A connection accepted on a listener is a pending handshake until its hello has been
+ *    handled; at most TCP_HS_MAX per listener and TCP_HS_MAX_SOURCE from one source address
+ *    are pending: one more evicts the oldest (of that source, when it is the source that is
+ *    full), so a flood cannot keep newer connections, a peer's lanes and probes among them,
+ *    out. The caps are wide because one connection opens STREAMS_PER_LANE (8) streams at
+ *    once, and NCCL opens many connections to the same peer together.
+ *  - The hello must arrive within TCP_HS_DEADLINE_MS of the accept.
+ *  - Out of descriptors (EMFILE/ENFILE from accept4, or the probe reserve below cannot be
+ *    refilled), the listener leaves its worker's poll set for TCP_ACCEPT_BACKOFF_MS instead of
+ *    waking it again and again (it is level-triggered); waiting connections stay in the
+ *    kernel's backlog meanwhile.
+ *  - TCP_FD_RESERVE descriptors (on /dev/null) are kept for outgoing streams and probes: a
+ *    socket() that fails with EMFILE/ENFILE gives one up and tries again, so the failure
+ *    detection of live connections still gets descriptors while strangers hold the rest.
+ */
+#define TCP_HS_MAX 256
+#define TCP_HS_MAX_SOURCE 128
+#define TCP_HS_DEADLINE_MS 1000
+#define TCP_ACCEPT_BACKOFF_MS 100
+#define TCP_FD_RESERVE 16
+
 enum tcp_kind {
 	K_LISTENER, /* per-NIC lane listener */
 	K_LANE, /* a stream of a lane (opened here or accepted) */
@@ -59,6 +82,7 @@ struct tcp_stream {
 	struct rh_conn *conn; /* reference held while set */
 	int idx;
 	int nic;
+	int hs_nic; /* accepted on listener hs_nic - 1 (0: not accepted): see pending_del() */
 	uint64_t deadline_ms;
 	uint64_t cookie;
 	atomic_bool dead; /* fenced: reap at the next scan */
@@ -106,9 +130,11 @@ static inline struct tcp_stream *tl_s(const struct tcp_lane *tl, int i)
 
 struct tcp_worker {
 	pthread_t th;
+	bool started; /* th is joinable */
 	int epfd;
 	int evfd;
 	atomic_bool kicked;
+	atomic_bool stop; /* worker_main returns */
 	pthread_mutex_t mu;
 	struct tcp_stream *pending; /* added by other threads */
 	struct tcp_stream *list; /* owned */
@@ -121,6 +147,19 @@ int stream_add(struct tcp_stream *s);
 void sock_tune(int fd);
 
 /* tcp_io.c */
+void worker_kick(struct tcp_worker *w);
 void *worker_main(void *arg);
+/* Release every stream a stopped worker still holds (its thread is joined). */
+void worker_reap_all(struct tcp_worker *w);
+
+/* tcp_guard.c: the listeners' bounds (see above) */
+void tcp_guard_init(void);
+void tcp_guard_fini(void);
+int lane_socket(void); /* socket() for a lane or probe, from the reserve if need be */
+bool fd_reserve_refill(void); /* false: at the descriptor limit */
+void pending_add(int nic, struct tcp_stream *s, uint32_t src);
+bool pending_del(struct tcp_stream *s); /* false: evicted meanwhile */
+void listener_backoff(struct tcp_stream *l, const char *why);
+void listener_rearm(struct tcp_stream *l, uint64_t now);
 
 #endif

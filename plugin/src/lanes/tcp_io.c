@@ -43,6 +43,7 @@ static void stream_reap(struct tcp_stream *s)
 {
 	struct rh_conn *c = s->conn;
 
+	pending_del(s);
 	epoll_ctl(s->w->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	if (s->tx_core && s->lane) {
 		s->tx_core = false;
@@ -71,8 +72,8 @@ static void on_accept_hello(struct tcp_stream *s)
 	struct rh_lane *lane;
 	int len;
 
-	if (rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
-		s->reap = true;
+	if (!pending_del(s) || rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
+		s->reap = true; /* evicted while its hello arrived, or a bad hello */
 		return;
 	}
 	if (!s->txbuf && !(s->txbuf = malloc(TCP_CTRL_CAP))) {
@@ -378,11 +379,24 @@ static void drain_ctrl(struct tcp_stream *s)
 
 static void on_listener(struct tcp_stream *l)
 {
-	for (;;) {
-		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	/* a bounded batch per wake-up: the listener is level-triggered, the rest comes next */
+	for (int k = 0; k < 64; k++) {
+		struct sockaddr_in sa = { 0 };
+		socklen_t len = sizeof(sa);
 		struct tcp_stream *s;
+		int fd;
 
+		if (!fd_reserve_refill()) {
+			listener_backoff(l,
+					 "descriptor limit reached (probe reserve not refilled)");
+			return;
+		}
+		fd = accept4(l->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+			    errno == ENOMEM) {
+				listener_backoff(l, strerror(errno));
+			}
 			return;
 		}
 		sock_tune(fd);
@@ -393,7 +407,8 @@ static void on_listener(struct tcp_stream *l)
 		}
 		s->state = ST_HELLO_IN;
 		s->nic = l->nic;
-		s->deadline_ms = rh_now_ms() + 5000;
+		s->deadline_ms = rh_now_ms() + TCP_HS_DEADLINE_MS;
+		pending_add(l->nic, s, sa.sin_family == AF_INET ? sa.sin_addr.s_addr : 0);
 		stream_add(s);
 	}
 }
@@ -438,7 +453,7 @@ void *worker_main(void *arg)
 	struct epoll_event evs[64];
 	uint64_t last_scan = 0;
 
-	for (;;) {
+	while (!atomic_load(&w->stop)) {
 		bool more = false, scan = false;
 		uint64_t now;
 		int n;
@@ -482,6 +497,9 @@ void *worker_main(void *arg)
 			if (s->rx_more && !s->reap) {
 				do_rx(s);
 			}
+			if (scan && s->kind == K_LISTENER) {
+				listener_rearm(s, now);
+			}
 			if (scan && !s->reap && s->kind != K_LISTENER) {
 				if (atomic_load(&s->dead)) {
 					if (s->tx_active && !s->tx_data &&
@@ -510,4 +528,29 @@ void *worker_main(void *arg)
 		}
 	}
 	return NULL;
+}
+
+void worker_reap_all(struct tcp_worker *w)
+{
+	for (;;) {
+		struct tcp_stream *s;
+
+		pthread_mutex_lock(&w->mu);
+		s = w->list ? w->list : w->pending;
+		if (s == w->list && s) {
+			w->list = s->next;
+		} else if (s) {
+			w->pending = s->next;
+		}
+		pthread_mutex_unlock(&w->mu);
+		if (!s) {
+			return;
+		}
+		atomic_store(&s->dead, true);
+		if (s->kind == K_PROBE_OUT && !s->failed) {
+			s->failed = true;
+			rh_core_probe_done(s->conn, s->cookie, false);
+		}
+		stream_reap(s); /* listeners too: they hold no connection */
+	}
 }

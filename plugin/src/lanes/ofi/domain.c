@@ -36,6 +36,7 @@ bool rh_ofi_rdma_provider(char *name, size_t cap)
 	}
 	hints = make_hints();
 	if (!hints) {
+		lf_unload();
 		return false;
 	}
 	/* Only verbs offers FI_EP_MSG + FI_RMA on RDMA hardware (efa is RDM-only): asking for it
@@ -53,6 +54,7 @@ bool rh_ofi_rdma_provider(char *name, size_t cap)
 	}
 	lf_freeinfo(list);
 	lf_freeinfo(hints);
+	lf_unload(); /* ofi_start loads it again if it is chosen */
 	return found;
 }
 
@@ -90,7 +92,21 @@ int dom_open(int nic)
 		return -ENOMEM;
 	}
 	inet_ntop(AF_INET, &rh_core_nic(nic)->ipv4, node, sizeof(node));
-	rc = lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
+	rc = -FI_ENODATA;
+	if (getenv("FI_PROVIDER")) {
+		/* the user's choice: libfabric applies it */
+		rc = lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
+	}
+	/* Else only the providers that offer FI_EP_MSG + FI_RMA, the RDMA one first: asking
+	 * for them by name keeps libfabric from running every other provider's getinfo (psm2,
+	 * psm3, opx, efa, ... initialise their libraries and devices there). */
+	for (size_t k = 0; rc && !getenv("FI_PROVIDER") && k < 2; k++) {
+		static const char *const usable[] = { "verbs", "tcp" };
+
+		free(hints->fabric_attr->prov_name);
+		hints->fabric_attr->prov_name = strdup(usable[k]);
+		rc = lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
+	}
 	lf_freeinfo(hints);
 	if (rc) {
 		WARN("ofi: no libfabric provider with FI_EP_MSG + FI_RMA for %s (%s): %s",
@@ -175,6 +191,43 @@ int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uin
 out:
 	pthread_mutex_unlock(&d->rc_mu);
 	return rc < 0 ? rc : (rc ? -EIO : 0);
+}
+
+/* Plugin stop (no endpoint left): registrations, passive endpoint, domain, fabric. */
+void dom_close(int nic)
+{
+	struct ofi_dom *d = &ofi_doms[nic];
+	struct ofi_rc_entry out[16];
+	int n;
+
+	if (d->info) {
+		pthread_mutex_lock(&d->rc_mu);
+		do {
+			n = ofi_rc_take(&d->rc, 0, UINTPTR_MAX, out, 16);
+			for (int k = 0; k < n; k++) {
+				fi_close(&((struct fid_mr *)out[k].mr)->fid);
+			}
+		} while (n == 16);
+		ofi_rc_free(&d->rc);
+		pthread_mutex_unlock(&d->rc_mu);
+		pthread_mutex_destroy(&d->rc_mu);
+	}
+	if (d->pep) {
+		fi_close(&d->pep->fid);
+	}
+	if (d->peq) {
+		fi_close(&d->peq->fid);
+	}
+	if (d->domain) {
+		fi_close(&d->domain->fid);
+	}
+	if (d->fabric) {
+		fi_close(&d->fabric->fid);
+	}
+	if (d->info) {
+		lf_freeinfo(d->info);
+	}
+	memset(d, 0, sizeof(*d));
 }
 
 void ofi_forget(const void *addr, size_t size)

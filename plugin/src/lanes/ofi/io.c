@@ -7,6 +7,7 @@
 #include "ofi.h"
 
 pthread_t ofi_io_thread;
+atomic_bool ofi_io_stop;
 int ofi_epfd = -1, ofi_evfd = -1;
 atomic_bool ofi_kicked;
 pthread_mutex_t ofi_pend_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -368,7 +369,7 @@ static bool poll_pep(struct ofi_dom *d, int nic)
 	struct ofi_ep *e;
 	int rc;
 
-	if (!d->peq) {
+	if (!atomic_load_explicit(&d->served, memory_order_acquire)) {
 		return false;
 	}
 	n = fi_eq_read(d->peq, &ev, &ent, sizeof(ent), 0);
@@ -486,7 +487,7 @@ static void io_wait(void)
 		for (int i = 0; i < rh_core_nic_count(); i++) {
 			struct fid *f;
 
-			if (!ofi_doms[i].peq) {
+			if (!atomic_load_explicit(&ofi_doms[i].served, memory_order_acquire)) {
 				continue;
 			}
 			f = &ofi_doms[i].peq->fid;
@@ -512,7 +513,7 @@ static void io_wait(void)
 void *io_main(void *arg)
 {
 	(void)arg;
-	for (;;) {
+	while (!atomic_load(&ofi_io_stop)) {
 		struct ofi_ep *list;
 		bool busy;
 

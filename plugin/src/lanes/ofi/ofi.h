@@ -69,7 +69,8 @@
 
 /* shim.c: the five library symbols (every other fi_* call is an inline wrapper around the
  * objects' operation tables). lf_load() is false when libfabric.so.1 is missing. */
-bool lf_load(void);
+bool lf_load(void); /* counted: each true return needs its lf_unload() */
+void lf_unload(void);
 int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
 	       const struct fi_info *hints, struct fi_info **info);
 void lf_freeinfo(struct fi_info *info);
@@ -136,6 +137,9 @@ struct ofi_rx {
 };
 
 struct ofi_dom {
+	/* set (release) once ofi_listen() has opened everything below: the I/O thread, which
+	 * runs from ofi_start() on, serves the domain only from then */
+	atomic_bool served;
 	bool ok;
 	struct fi_info *info;
 	struct fid_fabric *fabric;
@@ -225,6 +229,7 @@ static inline int fi_err(ssize_t rc)
 /* domain.c */
 extern struct ofi_dom ofi_doms[RH_MAX_NICS];
 int dom_open(int nic);
+void dom_close(int nic);
 int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
 	   void **desc);
 void ofi_forget(const void *addr, size_t size);
@@ -259,6 +264,7 @@ int send_epoch(struct ofi_ep *e, uint32_t m);
 
 /* io.c: the I/O thread's state (ofi_pending under ofi_pend_mu, the rest its own) */
 extern pthread_t ofi_io_thread;
+extern atomic_bool ofi_io_stop; /* io_main returns */
 extern int ofi_epfd, ofi_evfd;
 extern atomic_bool ofi_kicked;
 extern pthread_mutex_t ofi_pend_mu;

@@ -8,27 +8,81 @@
 
 /* --- lane_ops --- */
 
+static bool io_started, lf_held;
+
 static int ofi_start(int nthreads)
 {
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	int rc;
 
 	(void)nthreads; /* one I/O thread: libfabric providers progress on their own */
 	if (!lf_load()) {
 		WARN("RAILHOP_TRANSPORT=ofi, but libfabric.so.1 cannot be loaded (install libfabric1)");
 		return -ELIBACC;
 	}
+	lf_held = true;
+	ofi_wait_fds = true;
 	ofi_epfd = epoll_create1(EPOLL_CLOEXEC);
 	ofi_evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (ofi_epfd < 0 || ofi_evfd < 0 || epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, ofi_evfd, &ev) < 0) {
 		return -errno;
 	}
-	atomic_init(&ofi_kicked, false);
-	if (pthread_create(&ofi_io_thread, NULL, io_main, NULL) != 0) {
-		return -EAGAIN;
+	atomic_store(&ofi_kicked, false);
+	atomic_store(&ofi_io_stop, false);
+	rc = pthread_create(&ofi_io_thread, NULL, io_main, NULL);
+	if (rc != 0) {
+		return -rc;
 	}
-	pthread_detach(ofi_io_thread);
+	io_started = true;
 	pthread_setname_np(ofi_io_thread, "railhop-ofi");
 	return 0;
+}
+
+/* Join the I/O thread, close every endpoint (their connection references go), then the
+ * domains, and unload libfabric: its destructor finalizes the providers and stops the threads
+ * they started. */
+static void ofi_stop(void)
+{
+	if (io_started) {
+		atomic_store(&ofi_io_stop, true);
+		atomic_store(&ofi_kicked, false);
+		io_kick();
+		pthread_join(ofi_io_thread, NULL);
+		io_started = false;
+	}
+	for (;;) {
+		struct ofi_ep *e;
+
+		pthread_mutex_lock(&ofi_pend_mu);
+		e = ofi_eps ? ofi_eps : ofi_pending;
+		if (e && e == ofi_eps) {
+			ofi_eps = e->next;
+		} else if (e) {
+			ofi_pending = e->next;
+		}
+		pthread_mutex_unlock(&ofi_pend_mu);
+		if (!e) {
+			break;
+		}
+		atomic_store(&e->fenced, true);
+		ep_close(e);
+		ep_free(e);
+	}
+	for (int i = 0; i < RH_MAX_NICS; i++) {
+		dom_close(i);
+	}
+	if (ofi_epfd >= 0) {
+		close(ofi_epfd);
+		ofi_epfd = -1;
+	}
+	if (ofi_evfd >= 0) {
+		close(ofi_evfd);
+		ofi_evfd = -1;
+	}
+	if (lf_held) {
+		lf_held = false;
+		lf_unload();
+	}
 }
 
 /* Called at init, before the I/O thread serves the NIC: domain + passive endpoint. */
@@ -73,6 +127,7 @@ static int ofi_listen(int nic)
 	}
 	rh_core_nic(nic)->port = sa.sin_port;
 	INFO("ofi: lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
+	atomic_store_explicit(&d->served, true, memory_order_release);
 	io_kick();
 	return 0;
 }
@@ -311,6 +366,7 @@ static int ofi_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, i
 const struct lane_ops rh_ofi_ops = {
 	.name = "ofi",
 	.start = ofi_start,
+	.stop = ofi_stop,
 	.listen = ofi_listen,
 	.open = ofi_open,
 	.kick = ofi_kick,

@@ -7,6 +7,7 @@
  * objects' operation tables.
  */
 #include <dlfcn.h>
+#include <signal.h>
 
 #include "ofi.h"
 
@@ -18,37 +19,101 @@ static struct {
 	int (*fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
 	const char *(*strerror)(int);
 } lf;
-static pthread_once_t lf_once = PTHREAD_ONCE_INIT;
-static bool lf_ok;
+static pthread_mutex_t lf_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *lf_handle;
+static int lf_users;
 
-static void lf_load_once(void)
+/*
+ * The host's signal dispositions survive loading and unloading libfabric. Debian's libfabric
+ * links libpsm2, whose constructor installs its own handlers for SIGSEGV, SIGBUS, SIGILL,
+ * SIGABRT, SIGINT and SIGTERM (they write "<prog>.80s-<pid>,<host>.btr" files into the working
+ * directory) and whose destructor puts back what it found at load time.
+ */
+#define RH_NSIG 32 /* the classic signals, 1..31 */
+struct sig_saved {
+	struct sigaction sa[RH_NSIG];
+};
+
+static void sig_save(struct sig_saved *s)
 {
-	void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
-
-	if (!h) {
-		INFO("ofi: libfabric.so.1 cannot be loaded: %s", dlerror());
-		return;
+	for (int i = 1; i < RH_NSIG; i++) {
+		sigaction(i, NULL, &s->sa[i]);
 	}
-	*(void **)&lf.getinfo = dlsym(h, "fi_getinfo");
-	*(void **)&lf.freeinfo = dlsym(h, "fi_freeinfo");
-	*(void **)&lf.dupinfo = dlsym(h, "fi_dupinfo");
-	*(void **)&lf.fabric = dlsym(h, "fi_fabric");
-	*(void **)&lf.strerror = dlsym(h, "fi_strerror");
-	lf_ok = lf.getinfo && lf.freeinfo && lf.dupinfo && lf.fabric && lf.strerror;
-	if (!lf_ok) {
+}
+
+static void sig_restore(const struct sig_saved *s, const char *what)
+{
+	for (int i = 1; i < RH_NSIG; i++) {
+		struct sigaction now;
+
+		if (i == SIGKILL || i == SIGSTOP || sigaction(i, NULL, &now) < 0) {
+			continue;
+		}
+		if (now.sa_handler != s->sa[i].sa_handler || now.sa_flags != s->sa[i].sa_flags) {
+			sigaction(i, &s->sa[i], NULL);
+			TRACE("ofi: %s changed the handler of signal %d: put back", what, i);
+		}
+	}
+}
+
+static bool lf_open_locked(void)
+{
+	struct sig_saved saved;
+
+	sig_save(&saved);
+	lf_handle = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+	sig_restore(&saved, "loading libfabric");
+	if (!lf_handle) {
+		INFO("ofi: libfabric.so.1 cannot be loaded: %s", dlerror());
+		return false;
+	}
+	*(void **)&lf.getinfo = dlsym(lf_handle, "fi_getinfo");
+	*(void **)&lf.freeinfo = dlsym(lf_handle, "fi_freeinfo");
+	*(void **)&lf.dupinfo = dlsym(lf_handle, "fi_dupinfo");
+	*(void **)&lf.fabric = dlsym(lf_handle, "fi_fabric");
+	*(void **)&lf.strerror = dlsym(lf_handle, "fi_strerror");
+	if (!lf.getinfo || !lf.freeinfo || !lf.dupinfo || !lf.fabric || !lf.strerror) {
 		WARN("ofi: libfabric.so.1 lacks fi_getinfo/fi_freeinfo/fi_dupinfo/fi_fabric/"
 		     "fi_strerror");
+		dlclose(lf_handle);
+		lf_handle = NULL;
+		return false;
 	}
+	return true;
 }
 
 bool lf_load(void)
 {
-	pthread_once(&lf_once, lf_load_once);
-	return lf_ok;
+	bool ok;
+
+	pthread_mutex_lock(&lf_mu);
+	ok = lf_handle || lf_open_locked();
+	if (ok) {
+		lf_users++;
+	}
+	pthread_mutex_unlock(&lf_mu);
+	return ok;
 }
 
-/* The wrappers are only called after lf_load() returned true (ofi_start, or the provider check
- * before it). */
+void lf_unload(void)
+{
+	pthread_mutex_lock(&lf_mu);
+	if (lf_users > 0 && --lf_users == 0 && lf_handle) {
+		struct sig_saved saved;
+
+		sig_save(&saved);
+		/* libfabric's destructor (when this was the last reference) finalizes every
+		 * provider and stops what they started */
+		dlclose(lf_handle);
+		sig_restore(&saved, "unloading libfabric");
+		lf_handle = NULL;
+		memset(&lf, 0, sizeof(lf));
+	}
+	pthread_mutex_unlock(&lf_mu);
+}
+
+/* The wrappers are only called between lf_load() returning true and the matching lf_unload()
+ * (ofi_start .. ofi_stop, or the provider check). */
 int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
 	       const struct fi_info *hints, struct fi_info **info)
 {
