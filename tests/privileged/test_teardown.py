@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import require, require_built
-from railhop.fabric import Fabric, unique_prefix
-from railhop.harness import HarnessConfig, HarnessRun
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessRun
 
 pytestmark = pytest.mark.privileged
 
