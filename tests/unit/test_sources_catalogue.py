@@ -78,3 +78,25 @@ def test_an_entry_that_cannot_be_built_is_logged_and_left_out(
         got = catalogue.build_sources(catalogue.SourceOptions(), {"ebpf", "netlink"})
     assert [s.name for s in got] == ["ebpf.tcp", "netlink"]
     assert "eBPF carrier source unavailable: no module named bcc" in caplog.text
+
+
+def test_sources_exits_1_when_nothing_attaches_and_2_on_usage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A report where nothing can attach is a finding (1), like every command's findings; a
+    bad option is a usage error (2)."""
+    from click.testing import CliRunner
+
+    from railhop.cli import cli
+    from railhop.sources import cli as sources_cli
+    from railhop.sources.base import Reason, attached, skipped
+
+    caps = [skipped("netlink", "link", Reason.NOT_AVAILABLE, "test")]
+    monkeypatch.setattr(sources_cli, "capability_report", lambda _s: caps)
+    r = CliRunner().invoke(cli, ["sources", "--json"])
+    assert r.exit_code == 1 and '"status": "skipped"' in r.stdout
+    r = CliRunner().invoke(cli, ["agent", "--check"])
+    assert r.exit_code == 1
+    caps = [attached("netlink", "link", "rtnetlink", "")]
+    assert CliRunner().invoke(cli, ["sources"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["sources", "--bogus"]).exit_code == 2
