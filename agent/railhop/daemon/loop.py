@@ -254,8 +254,12 @@ class Agent:
                 )
             except tracing.TracingError as e:
                 raise AgentError(str(e)) from e
+            topo = self.topology
+            hw_ids = {ifname_of(n): n.pci.bdf for n in topo.nics if n.pci} if topo else {}
             self.tracer = tracing.FailoverTracer(
-                sinks, offset_ns=tracing.epoch_offset_ns(mono=self._clock)
+                sinks,
+                offset_ns=tracing.epoch_offset_ns(mono=self._clock),
+                config=tracing.AssemblerConfig(hw_ids=hw_ids),
             )
         if self.tracer is not None and self.metrics is not None:
             self.tracer.observers.append(self.metrics.observe_spans)
