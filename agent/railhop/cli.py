@@ -453,9 +453,10 @@ def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
 )
 @click.option(
     "--sources",
-    default="netlink,sysfs,ebpf",
+    default="netlink,sysfs,ebpf,rdma,verbs",
     show_default=True,
-    help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
+    help="Sources to start (comma-separated: netlink, sysfs, ebpf, rdma, verbs; eBPF and rdma "
+    "start in the background; rdma and verbs only where a managed NIC is an RDMA device).",
 )
 @click.option(
     "--keep-capabilities",
