@@ -146,9 +146,15 @@ def render_topology(topo: Topology) -> str:
         )
     out = [_table(rows)]
     if topo.gpus:
-        grows = [["GPU", "PCI", "NUMA", "PCI PATH"]]
+        grows = [["GPU", "VENDOR", "PCI", "NUMA", "PCI PATH"]]
         grows += [
-            [str(g.index), g.pci.bdf, _dash(g.numa_node), topo_mod.compact_pci_path(g.pci)]
+            [
+                str(g.index),
+                g.vendor,
+                g.pci.bdf,
+                _dash(g.numa_node),
+                topo_mod.compact_pci_path(g.pci),
+            ]
             for g in topo.gpus
         ]
         out += ["", _table(grows)]
