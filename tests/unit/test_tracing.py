@@ -406,6 +406,21 @@ def test_resource_is_built_by_the_sdk_from_the_standard_variables(
     assert not any(k.startswith("k8s.") for k in plain)
 
 
+def test_grpc_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_grpc(name: str, *a: object, **kw: object) -> object:
+        if name.startswith("opentelemetry.exporter.otlp.proto.grpc"):
+            raise ImportError("No module named 'grpc'")
+        return real_import(name, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_grpc)
+    with pytest.raises(tracing.TracingError, match=r"railhop\[grpc\]"):
+        tracing.sinks_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, hostname="h")
+
+
 def test_otel_traces_sampler_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     """OTEL_TRACES_SAMPLER (+ _ARG) decides per trace which failovers reach the exporter; every
     span of one failover gets the same decision."""
