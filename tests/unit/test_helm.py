@@ -158,6 +158,8 @@ def test_nvidia_and_amd_gpu_nodes_are_selected() -> None:
         [{"key": "feature.node.kubernetes.io/amd-gpu", "operator": "In", "values": ["true"]}],
     ]
     assert "affinity" not in _pod(render("gpuNodeLabels=null"))
+    # the plain manifest selects the same nodes
+    assert _plain_pod()["affinity"] == _pod(render())["affinity"]
 
 
 def test_the_policy_configmap_is_the_shipped_policy_or_the_users() -> None:
@@ -222,3 +224,11 @@ def test_every_agent_option_the_chart_passes_exists() -> None:
     for a in args[1:]:
         if a.startswith("--"):
             assert a in known, a
+
+
+@pytest.mark.parametrize("name", ["railhop-agent.yaml", "example-job.yaml"])
+def test_plain_manifests_pass_the_kubernetes_schemas(name: str) -> None:
+    docs = [d for d in yaml.safe_load_all((PLAIN.parent / name).read_text()) if d]
+    assert docs
+    for d in docs:
+        _validate(d)
