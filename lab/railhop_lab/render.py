@@ -96,9 +96,9 @@ def render_timeline_png(
             rotation=90,
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
         )
-    # ticks at round numbers (1, 2, 2.5, 5, 10 x 10^n), axes from zero
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, steps=[1, 2, 2.5, 5, 10]))
-    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    # ticks at round numbers (steps of 1, 2 or 5 x 10^n), axes from zero
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, steps=[1, 2, 5, 10]))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10]))
     ax.set_xlim(0, math.ceil(max(ts, default=1.0)) or 1.0)
     ys = sorted(v * 8 / 1e6 for _, vals in bins for v in vals)
     # the scale ignores the top 1 % of samples (a bin catching up after a sampling gap)
