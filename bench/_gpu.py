@@ -1,6 +1,7 @@
-"""What the GPU bench scripts (gpu_allreduce.py, gpu_ft.py) share: the checks a GPU run needs,
-the NCCL environment of each rank per transport, and the two ranks as worker processes inside
-the fabric's nodes (JSON lines on stdout; every wait bounded; always killed at the end)."""
+"""What the GPU bench scripts (gpu_allreduce.py, gpu_ft.py, gpu_cycle.py) share: the checks a
+GPU run needs, the NCCL environment of each rank per transport, the ranks as worker processes
+inside the fabric's nodes (JSON lines on stdout; every wait bounded; always killed at the end),
+and `railhop agent` in every node."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,19 +84,23 @@ def rank_envs(
     railhop: Mapping[str, str] = {},
     socket_threads: int = 4,
     socket_nsocks: int = 4,
+    nranks: int = 2,
+    run_dirs: Sequence[Path] | None = None,
 ) -> list[dict[str, str]]:
-    """The environment of ranks 0 and 1 (``args`` from :func:`add_rank_options`): the NET
+    """The environment of ranks 0..nranks-1 (``args`` from :func:`add_rank_options`): the NET
     transport forced (no P2P, SHM, NVLS, IB), a distinct NCCL_HOSTID per rank
-    (``<hostid><rank>``), one GPU each, then ``common``; for ``railhop`` the plugin
-    (NCCL_NET=railhop, bootstrap on nic0, a run directory per node) and ``railhop``; for
-    ``socket`` NCCL's Socket transport on the same NICs (``nic`` prefix) with ``socket_threads``
-    x ``socket_nsocks``; last the ``--env K=V`` overrides. NCCL_* and RAILHOP_* of the caller's
+    (``<hostid><rank>``), GPU ``--gpus[r % len]`` (several ranks may share one), then
+    ``common``; for ``railhop`` the plugin (NCCL_NET=railhop, bootstrap on nic0, a run directory
+    per node: ``run_dirs[r]`` or ``rundir/node<r>``) and ``railhop``; for ``socket`` NCCL's
+    Socket transport on the same NICs (``nic`` prefix) with ``socket_threads`` x
+    ``socket_nsocks``; last the ``--env K=V`` overrides. NCCL_* and RAILHOP_* of the caller's
     environment are dropped."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: want one of {', '.join(TRANSPORTS)}")
     envs = []
     ranks_gpu = [g.strip() for g in args.gpus.split(",")]
-    for r in range(2):
+    for r in range(nranks):
+        rd = run_dirs[r] if run_dirs is not None else rundir / f"node{r}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "RAILHOP_"))}
         env.update(
             {
@@ -105,7 +110,7 @@ def rank_envs(
                 "NCCL_IB_DISABLE": "1",
                 "NCCL_HOSTID": f"{hostid}{r}",
                 "NCCL_DEBUG": args.nccl_debug,
-                "CUDA_VISIBLE_DEVICES": ranks_gpu[r],
+                "CUDA_VISIBLE_DEVICES": ranks_gpu[r % len(ranks_gpu)],
                 "PYTHONUNBUFFERED": "1",
                 **common,
             }
@@ -116,11 +121,11 @@ def rank_envs(
                     "NCCL_NET_PLUGIN": str(Path(args.plugin).resolve()),
                     "NCCL_NET": "railhop",
                     "NCCL_SOCKET_IFNAME": "nic0",
-                    "RAILHOP_RUN_DIR": str(rundir / f"node{r}"),
+                    "RAILHOP_RUN_DIR": str(rd),
                     **railhop,
                 }
             )
-            (rundir / f"node{r}").mkdir(parents=True, exist_ok=True)
+            rd.mkdir(parents=True, exist_ok=True)
         else:
             env.update(
                 {
@@ -139,9 +144,10 @@ def rank_envs(
 
 
 class Ranks:
-    """The two worker processes of one run: ``python <script> --worker <cfg as JSON>`` in fabric
-    node r (rank r), stdout read as JSON lines (each stamped ``_recv``), stderr to a log per
-    rank. Every wait is bounded; :meth:`finish` always kills what is left."""
+    """The worker processes of one run (one per rank, ``len(envs)`` of them): ``python <script>
+    --worker <cfg as JSON>`` in fabric node r (rank r), stdout read as JSON lines (each stamped
+    ``_recv``), stderr to a log per rank. Every wait is bounded; :meth:`finish` always kills
+    what is left."""
 
     def __init__(
         self,
@@ -152,13 +158,14 @@ class Ranks:
         logdir: Path,
         name: str,
     ) -> None:
-        self.lines: list[list[dict[str, Any]]] = [[], []]
+        n = len(envs)
+        self.lines: list[list[dict[str, Any]]] = [[] for _ in range(n)]
         self.procs: list[subprocess.Popen[str]] = []
-        self.logs = [logdir / f"{name}.rank{r}.log" for r in range(2)]
+        self.logs = [logdir / f"{name}.rank{r}.log" for r in range(n)]
         self.t_start = time.time()
-        self.t_exit: list[float | None] = [None, None]
+        self.t_exit: list[float | None] = [None] * n
         self.readers = []
-        for r in range(2):
+        for r in range(n):
             argv = [sys.executable, str(script), "--worker", json.dumps({**cfg, "rank": r})]
             with self.logs[r].open("w") as err:
                 p = fab.popen(
@@ -187,6 +194,11 @@ class Ranks:
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)
+
+    def first_all(self, kinds: tuple[str, ...], ranks: Sequence[int] | None = None) -> bool:
+        """Every rank (of ``ranks``) has emitted one of ``kinds``."""
+        rs = range(len(self.procs)) if ranks is None else ranks
+        return all(self.first(kinds, r) for r in rs)
 
     def wait_for(self, cond: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -224,3 +236,107 @@ class Ranks:
             return "\n".join(self.logs[r].read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+NICS = ("nic0", "nic1", "nic2", "nic3")  # the fabric's NIC names, RAILHOP_NICS order
+
+
+class NodeAgents:
+    """`railhop agent` (through its CLI) in every node's netns, each with its own run dir (which
+    that node's ranks use through RAILHOP_RUN_DIR) and OTLP/JSON traces in
+    ``workdir/traces-node<n>.jsonl``; no OTEL exporter. SIGTERM at :meth:`stop`, bounded."""
+
+    def __init__(
+        self,
+        fab: Any,
+        workdir: Path,
+        agent_path: Path,
+        sources: str = "netlink,sysfs",
+        heartbeat_ms: int = 100,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        self.run_dirs: list[Path] = []
+        self.traces: list[Path] = []
+        extra = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+        pypath = os.pathsep.join([str(agent_path), *extra])
+        plugin_nics = ",".join(f"{n}:{i}" for i, n in enumerate(NICS))
+        for node in range(fab.nodes):
+            rd = workdir / f"run-node{node}"
+            rd.mkdir(parents=True, exist_ok=True)
+            tr = workdir / f"traces-node{node}.jsonl"
+            log = workdir / f"agent{node}.log"
+            env = {
+                **os.environ,
+                "PYTHONPATH": pypath,
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_RESOURCE_ATTRIBUTES": f"railhop.node=node{node}",
+            }
+            argv = [sys.executable, "-m", "railhop", "agent", "--run-dir", str(rd)]
+            argv += ["--nic", ",".join(NICS), "--sources", sources, "--no-traces"]
+            argv += ["--trace-file", str(tr), "--heartbeat-ms", str(heartbeat_ms)]
+            argv += ["--plugin-nics", plugin_nics]
+            with log.open("w") as err:
+                self.procs.append(fab.popen(node, argv, env, stderr=err))
+            self.logs.append(log)
+            self.run_dirs.append(rd)
+            self.traces.append(tr)
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Until every node's health table exists (bounded); RuntimeError with the log tail."""
+        t0 = time.monotonic()
+        for node, (p, log) in enumerate(zip(self.procs, self.logs, strict=True)):
+            while not (self.run_dirs[node] / "health.tbl").exists():
+                if p.poll() is not None:
+                    raise RuntimeError(f"agent {node} exited: {log.read_text()[-2000:]}")
+                if time.monotonic() - t0 > timeout:
+                    raise RuntimeError(f"agent {node} not ready: {log.read_text()[-2000:]}")
+                time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def health(self) -> dict[int, list[str]]:
+        """Each node's NICs as its agent publishes them: "nic1 down (lane_timeout)"."""
+        from railhop.control.table import read_table
+
+        out: dict[int, list[str]] = {}
+        for node, rd in enumerate(self.run_dirs):
+            try:
+                snap = read_table(rd / "health.tbl")
+            except Exception as e:  # a table being rewritten, or gone
+                out[node] = [f"unreadable: {e}"]
+                continue
+            out[node] = [
+                f"{n.ifname} {n.state.name.lower()} ({n.reason.name.lower()})" for n in snap.nics
+            ]
+        return out
+
+    def stop(self, timeout: float = 10.0) -> list[int | None]:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit codes."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        return [p.returncode for p in self.procs]
+
+    def spans(self, node: int) -> list[dict[str, Any]]:
+        """The spans of node ``node``'s trace file (OTLP/JSON lines), flattened."""
+        out: list[dict[str, Any]] = []
+        try:
+            text = self.traces[node].read_text()
+        except OSError:
+            return out
+        for line in text.splitlines():
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue
+            for rs in req.get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    out.extend(ss.get("spans", []))
+        return out

@@ -1,7 +1,8 @@
 """A small ctypes binding to the libnccl.so.2 that torch loaded (what torch does not expose).
 
-Used by bench/gpu_ft.py for non-blocking communicators (`config.blocking = 0`),
-ncclCommGetAsyncError, ncclCommAbort, ncclCommRevoke (2.28.7+) and ncclCommShrink.
+Used by bench/gpu_ft.py and bench/gpu_cycle.py for non-blocking communicators
+(`config.blocking = 0`), ncclCommGetAsyncError, ncclCommAbort, ncclCommRevoke (2.28.7+),
+ncclCommShrink (2.27+), and the collectives and point-to-point calls on such communicators.
 
 ncclConfig_t follows the 2.28 public header (src/nccl.h.in at v2.28.9-1): size_t size, unsigned
 magic (0xcafebeef), unsigned version (NCCL_VERSION(2,28,9) = 22809), then the user fields in
@@ -31,6 +32,9 @@ NCCL_IN_PROGRESS = 7
 RESULT_NAMES = NCCL_RESULTS  # ncclResult_t names, one table (the lab's harness driver)
 NCCL_FLOAT32 = 7
 NCCL_SUM = 0
+NCCL_MAX = 2
+NCCL_SHRINK_DEFAULT = 0  # the parent has no work in flight (or it was revoked)
+NCCL_SHRINK_ABORT = 1  # abort the parent's in-flight work first, then shrink
 CONFIG_MAGIC = 0xCAFEBEEF
 UNDEF_INT = -(2**31)  # INT_MIN
 UNIQUE_ID_BYTES = 128
@@ -138,6 +142,12 @@ class Nccl:
             "ncclGetErrorString": (ctypes.c_char_p, [i]),
             "ncclGetLastError": (ctypes.c_char_p, [vp]),
             "ncclAllReduce": (i, [vp, vp, ctypes.c_size_t, i, i, vp, vp]),
+            "ncclAllGather": (i, [vp, vp, ctypes.c_size_t, i, vp, vp]),
+            "ncclReduceScatter": (i, [vp, vp, ctypes.c_size_t, i, i, vp, vp]),
+            "ncclSend": (i, [vp, ctypes.c_size_t, i, i, vp, vp]),
+            "ncclRecv": (i, [vp, ctypes.c_size_t, i, i, vp, vp]),
+            "ncclGroupStart": (i, []),
+            "ncclGroupEnd": (i, []),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
@@ -200,6 +210,59 @@ class Nccl:
             )
         )
 
+    def all_reduce(
+        self, send: int, recv: int, count: int, comm: int, stream: int, op: int = NCCL_SUM
+    ) -> int:
+        """float32 all-reduce (``op``: NCCL_SUM, NCCL_MAX)."""
+        vp = ctypes.c_void_p
+        return int(
+            self.lib.ncclAllReduce(
+                vp(send), vp(recv), count, NCCL_FLOAT32, op, vp(comm), vp(stream)
+            )
+        )
+
+    def all_gather_f32(self, send: int, recv: int, sendcount: int, comm: int, stream: int) -> int:
+        vp = ctypes.c_void_p
+        return int(
+            self.lib.ncclAllGather(
+                vp(send), vp(recv), sendcount, NCCL_FLOAT32, vp(comm), vp(stream)
+            )
+        )
+
+    def reduce_scatter_f32(
+        self, send: int, recv: int, recvcount: int, comm: int, stream: int
+    ) -> int:
+        vp = ctypes.c_void_p
+        return int(
+            self.lib.ncclReduceScatter(
+                vp(send), vp(recv), recvcount, NCCL_FLOAT32, NCCL_SUM, vp(comm), vp(stream)
+            )
+        )
+
+    def exchange_f32(
+        self,
+        sends: list[tuple[int, int]],
+        recvs: list[tuple[int, int]],
+        count: int,
+        comm: int,
+        stream: int,
+    ) -> int:
+        """One group of ncclSend (ptr, peer) and ncclRecv (ptr, peer) of ``count`` floats each;
+        the first non-success result (ncclInProgress from the group end included)."""
+        vp = ctypes.c_void_p
+        rc = int(self.lib.ncclGroupStart())
+        if rc != NCCL_SUCCESS:
+            return rc
+        first = NCCL_SUCCESS
+        for ptr, peer in sends:
+            r = int(self.lib.ncclSend(vp(ptr), count, NCCL_FLOAT32, peer, vp(comm), vp(stream)))
+            first = first or r
+        for ptr, peer in recvs:
+            r = int(self.lib.ncclRecv(vp(ptr), count, NCCL_FLOAT32, peer, vp(comm), vp(stream)))
+            first = first or r
+        end = int(self.lib.ncclGroupEnd())  # always closes the group
+        return first if first not in (NCCL_SUCCESS, NCCL_IN_PROGRESS) else (end or first)
+
     def abort(self, comm: int) -> int:
         return int(self.lib.ncclCommAbort(ctypes.c_void_p(comm)))
 
@@ -211,20 +274,26 @@ class Nccl:
             raise NcclError("ncclCommRevoke is not in this libnccl (needs 2.28.7+)")
         return int(self.lib.ncclCommRevoke(ctypes.c_void_p(comm), 0))
 
-    def shrink(self, comm: int, exclude: list[int], cfg: Config | None) -> tuple[int, int]:
+    def shrink(
+        self, comm: int, exclude: list[int], cfg: Config | None, flags: int = NCCL_SHRINK_DEFAULT
+    ) -> tuple[int, ctypes.c_void_p]:
+        """(rc, holder). NCCL stores the new communicator into ``holder`` when the shrink
+        completes (with a non-blocking config: later, from its own thread), so the caller keeps
+        ``holder`` alive until ``holder.value`` is set and ncclCommGetAsyncError(parent) has
+        left ncclInProgress."""
         if not self.has_shrink:
             raise NcclError("ncclCommShrink is not in this libnccl (needs 2.27.3+)")
         arr = (ctypes.c_int * max(1, len(exclude)))(*exclude)
-        new = ctypes.c_void_p(0)
+        holder = ctypes.c_void_p(0)
         rc = self.lib.ncclCommShrink(
             ctypes.c_void_p(comm),
             arr if exclude else None,
             len(exclude),
-            ctypes.byref(new),
+            ctypes.byref(holder),
             ctypes.byref(cfg) if cfg is not None else None,
-            0,
+            flags,
         )
-        return int(rc), int(new.value or 0)
+        return int(rc), holder
 
     def last_error(self, comm: int) -> str:
         s = self.lib.ncclGetLastError(ctypes.c_void_p(comm))

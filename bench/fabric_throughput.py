@@ -9,9 +9,13 @@ iperf3 / plugin; the medians give the ratio (target >= 0.9).
 With --transports tcp,ofi every round runs the plugin once per lane transport (RAILHOP_TRANSPORT;
 ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
+The label tcp+crc32c is the TCP lane with RAILHOP_CHECKSUM=1 (a CRC32C per chunk): run it
+beside tcp for the checksum's cost. --rate-mbit 0 leaves the veths unlimited.
 
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
+    sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
+    sudo python3 bench/fabric_throughput.py --transports tcp --baseline /path/to/main/build
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ IPERF_PORT = 5201
 TRANSPORT_ENV = {
     "tcp": {"RAILHOP_TRANSPORT": "tcp"},
     "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
+    "tcp+crc32c": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
 }
 
 
@@ -90,10 +95,20 @@ def run_iperf(fab: Fabric, nics: int, streams: int, seconds: float) -> dict[str,
 
 
 def run_plugin(
-    fab: Fabric, nics: int, conns: int, seconds: float, size: int, env: dict[str, str] | None = None
+    fab: Fabric,
+    nics: int,
+    conns: int,
+    seconds: float,
+    size: int,
+    env: dict[str, str] | None = None,
+    build: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     cfg = HarnessConfig(conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60)
-    with CounterSampler(fab, interval=0.1) as samp, HarnessRun(fab, cfg, env=env) as run:
+    plugin, harness = build if build else (None, None)
+    with (
+        CounterSampler(fab, interval=0.1) as samp,
+        HarnessRun(fab, cfg, env=env, plugin=plugin, harness=harness) as run,
+    ):
         t_start = time.monotonic()
         res = run.wait()
         t_end = time.monotonic()
@@ -119,7 +134,9 @@ def run_plugin(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one round of 3 s each")
-    ap.add_argument("--rate-mbit", type=int, default=200, help="tbf ceiling per NIC (default 200)")
+    ap.add_argument(
+        "--rate-mbit", type=int, default=200, help="tbf ceiling per NIC (default 200, 0 = none)"
+    )
     ap.add_argument("--nics", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     ap.add_argument("--rounds", type=int, default=2, help="iperf3/plugin rounds (default 2)")
@@ -135,6 +152,11 @@ def main() -> int:
     ap.add_argument("--harness", help="railhop-harness (default: railhop.paths)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--env", action="append", default=[], help="K=V for the plugin (repeat)")
+    ap.add_argument(
+        "--baseline",
+        help="a build directory of another tree (e.g. main's): its TCP lanes run as label "
+        "'baseline' in every round, and each label's ratio to it is printed",
+    )
     ap.add_argument(
         "--transports",
         default="",
@@ -165,13 +187,19 @@ def main() -> int:
     os.environ["RAILHOP_STREAMS_PER_LANE"] = str(args.streams)
     print(f"railhop fabric throughput | {_common.stamp()} | {_common.machine()}")
     print(
-        f"  fabric: 2 nodes x {args.nics} NICs, tbf {args.rate_mbit} Mbit/s per NIC per "
+        f"  fabric: 2 nodes x {args.nics} NICs, "
+        f"{f'tbf {args.rate_mbit} Mbit/s' if args.rate_mbit else 'unlimited'} per NIC per "
         f"direction; {args.streams} TCP streams per NIC; plugin {plugin}"
     )
     rounds: list[dict[str, Any]] = []
     labels = transports or ["plugin"]
+    builds: dict[str, tuple[Path, Path]] = {}
+    if args.baseline:
+        base = Path(args.baseline) / "plugin"
+        builds["baseline"] = (base / "libnccl-net-railhop.so", base / "railhop-harness")
+        labels = ["baseline", *labels]
     with Fabric(
-        nodes=2, nics=args.nics, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhbt")
+        nodes=2, nics=args.nics, rate_mbit=args.rate_mbit or None, prefix=unique_prefix("rhbt")
     ) as fab:
         for r in range(args.rounds):
             ip = run_iperf(fab, args.nics, args.streams, args.seconds)
@@ -187,7 +215,8 @@ def main() -> int:
                     args.nics * args.conns_per_nic,
                     args.seconds,
                     args.size,
-                    TRANSPORT_ENV.get(label),
+                    TRANSPORT_ENV.get("tcp" if label == "baseline" else label),
+                    builds.get(label),
                 )
                 ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
                 line += (
@@ -201,7 +230,7 @@ def main() -> int:
             if len(labels) == 1:
                 rnd["plugin"], rnd["ratio"] = rnd[labels[0]], rnd[f"ratio_{labels[0]}"]
             rounds.append(rnd)
-    ceiling = args.nics * args.rate_mbit
+    ceiling = args.nics * args.rate_mbit  # 0: unlimited
     ip_med = _common.median([x["iperf3"]["wire_Bps"] for x in rounds])
     med = {lb: _common.median([x[lb]["wire_Bps"] for x in rounds]) for lb in labels}
     ratio = med[labels[0]] / ip_med if ip_med else 0.0
@@ -220,12 +249,20 @@ def main() -> int:
     side: dict[str, float] = {}
     if "tcp" in labels:
         for lb in labels:
-            if lb != "tcp":
+            if lb not in ("tcp", "baseline"):
                 side[lb] = med[lb] / med["tcp"] if med["tcp"] else 0.0
+                if lb == "tcp+crc32c":  # a cost to report, no target
+                    print(f"  checksum on / off           {side[lb]:8.3f}")
+                    continue
                 print(
                     f"  {lb} lanes / tcp lanes       {side[lb]:8.3f}   (target >= 0.8) "
                     f"{'PASS' if side[lb] >= 0.8 else 'BELOW TARGET'}"
                 )
+    if "baseline" in labels:
+        for lb in labels:
+            if lb != "baseline":
+                side[f"{lb}/baseline"] = med[lb] / med["baseline"] if med["baseline"] else 0.0
+                print(f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}")
     print(f"  data errors                 {errors:8d}")
     _common.write_json(
         args.json,

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU runs recorded in docs/BENCHMARKS.md, in one call on a 2-GPU host (root, torch with
 # NCCL): build the plugin, then the all-reduce side by side with Socket and with a carrier loss
-# and a silent blackhole mid-run, then over the libfabric lane. Results JSON goes to ${OUT:-/tmp}/ar.json.
+# and a silent blackhole mid-run, the 4-rank fault-tolerance cycle, then over the libfabric
+# lane. Results JSON goes to ${OUT:-/tmp}/ar.json.
 #   bash bench/gpu_suite.sh
 # pyroute2: installed, or taken from .whl/pyroute2-*.whl by the bench scripts.
 set -u
@@ -20,6 +21,10 @@ for f in carrier blackhole; do
 	timeout 100 python3 bench/gpu_allreduce.py --plugin "$P" --transports railhop --sizes 64M \
 		--iters 3 --fault $f --fault-total 15 2>&1 | tail -12
 done
+# The 4-rank fault-tolerance cycle (4 ranks may share one GPU), twice, with Socket's phase 1.
+echo "=== 4-rank fault-tolerance cycle"
+timeout 300 python3 bench/gpu_cycle.py --plugin "$P" --variants railhop,controller,socket \
+	--repeat 2 --out-dir "${OUT:-/tmp}" 2>&1 | tail -45
 # The same all-reduce over the libfabric lane (tcp provider: no RDMA hardware on the host).
 if ! pkg-config --exists libfabric 2>/dev/null; then
 	echo "=== ofi lane: skipped (no libfabric headers on this host: plugin built without it)"

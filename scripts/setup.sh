@@ -10,7 +10,7 @@ VENV=${RAILHOP_VENV:-.venv}
 # against libibverbs, so no libibverbs-dev.
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
 	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
-	iproute2 iperf3 libfabric-dev libfabric-bin linux-headers-amd64 clang-format
+	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
 	systemd)
 
 if [ "$(id -u)" -ne 0 ]; then

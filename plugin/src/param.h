@@ -71,7 +71,11 @@
 	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")                                      \
 	/* Lane transport: tcp, ofi (libfabric FI_EP_MSG + FI_RMA; provider as libfabric /     \
 	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */    \
-	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")
+	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")                                   \
+	/* 1 = the sender adds a CRC32C of each DATA chunk (TCP lanes); a chunk that does not    \
+	 * match fails its lane and is replayed. Off by default: TCP's own checksum and the NIC's \
+	 * CRC already cover the wire; this also covers the hosts' buffers and DMA. */  \
+	X(CHECKSUM, int, 0, "CRC32C per DATA chunk: 0|1")
 
 struct rh_params {
 #define RH_PARAM_FIELD_int(name) int64_t name

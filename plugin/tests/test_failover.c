@@ -214,6 +214,7 @@ static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
 		rh_conn_open_lane(c, l, RH_HELLO_CONN, 1000);
 		l->state = RH_LANE_ACTIVE;
 		c->ready = true;
+		c->have_nonces = true; /* as after the founding hello's proven reply */
 		rh_conn_pick_ctrl_lane(c);
 	}
 	pthread_mutex_unlock(&c->mu);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core/auth.h"
 #include "core/wire.h"
 
 static void test_hdr(void)
@@ -89,6 +90,15 @@ static void test_hello(void)
 	EXPECT_EQ(g.nics[1].up, 0);
 	EXPECT(strcmp(g.nics[0].pci, h.nics[0].pci) == 0);
 	EXPECT_EQ(g.nics[0].port, 0x3412);
+	/* nonce and MAC travel at fixed offsets after the magic */
+	memset(h.nonce, 0xa5, sizeof(h.nonce));
+	memset(h.mac, 0x5a, sizeof(h.mac));
+	len = rh_hello_put(&h, b, sizeof(b));
+	EXPECT_EQ(b[28], 0xa5);
+	EXPECT_EQ(b[28 + RH_NONCE_LEN], 0x5a);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), 0);
+	EXPECT(memcmp(g.nonce, h.nonce, RH_NONCE_LEN) == 0);
+	EXPECT(memcmp(g.mac, h.mac, RH_MAC_LEN) == 0);
 	/* truncated / bad magic / stream index out of range */
 	EXPECT_EQ(rh_hello_get(b, (size_t)len - 3, &g), -EPROTO);
 	b[0] ^= 1;
@@ -182,7 +192,14 @@ static void test_handle(void)
 	for (int i = RH_HANDLE_COOKIE_OFF; i < RH_HANDLE_LEN; i++) {
 		EXPECT_EQ(b[i], 0);
 	}
-	EXPECT(16 + 8 * RH_HANDLE_NICS <= RH_HANDLE_COOKIE_OFF);
+	EXPECT(16 + 8 * RH_HANDLE_NICS <= RH_HANDLE_SECRET_OFF);
+	EXPECT(RH_HANDLE_SECRET_OFF + RH_SECRET_LEN <= RH_HANDLE_COOKIE_OFF);
+	/* the secret travels in the handle (and only there) */
+	memset(h.secret, 0x3c, sizeof(h.secret));
+	rh_handle_put(&h, b);
+	EXPECT_EQ(rh_handle_get(b, &g), 0);
+	EXPECT(memcmp(g.secret, h.secret, RH_SECRET_LEN) == 0);
+	EXPECT_EQ(b[RH_HANDLE_SECRET_OFF], 0x3c);
 	b[5] = 3;
 	EXPECT_EQ(rh_handle_get(b, &g), -EINVAL);
 	/* a handle of the previous wire protocol ("RHHP") is refused: mixed builds fail at
@@ -194,6 +211,104 @@ static void test_handle(void)
 	b[2] = 'H';
 	b[3] = 'P';
 	EXPECT(rh_handle_get(b, &g) < 0);
+	/* and so is one of "RHH2" (no secret) */
+	b[3] = '2';
+	EXPECT(rh_handle_get(b, &g) < 0);
+}
+
+/* A hello's MAC proves the secret and binds what it must: connection, epoch, direction, the
+ * bound nonces and every field but the stream index. */
+static void test_hello_mac(void)
+{
+	uint8_t key[RH_SECRET_LEN], other[RH_SECRET_LEN], n1[RH_NONCE_LEN], n2[RH_NONCE_LEN];
+	struct rh_hello h = { .kind = RH_HELLO_LANE,
+			      .from_sender = 1,
+			      .nstreams = 4,
+			      .lane_id = 8,
+			      .chunk = 524288,
+			      .src_nic = 1,
+			      .dst_nic = 0 },
+			g;
+
+	memset(key, 1, sizeof(key));
+	memset(other, 2, sizeof(other));
+	memset(n1, 3, sizeof(n1));
+	memset(n2, 4, sizeof(n2));
+	EXPECT_EQ(rh_auth_random(h.nonce, sizeof(h.nonce)), 0);
+	EXPECT_EQ(rh_auth_sign(key, &h, false, 77, 5, n1, n2), 0);
+	EXPECT(rh_auth_verify(key, &h, false, 77, 5, n1, n2));
+	EXPECT(!rh_auth_verify(other, &h, false, 77, 5, n1, n2)); /* no secret, no entry */
+	EXPECT(!rh_auth_verify(key, &h, false, 78, 5, n1, n2)); /* another connection */
+	EXPECT(!rh_auth_verify(key, &h, false, 77, 6, n1, n2)); /* another epoch */
+	EXPECT(!rh_auth_verify(key, &h, true, 77, 5, n1, n2)); /* reflected as a reply */
+	EXPECT(!rh_auth_verify(key, &h, false, 77, 5, n2, n1)); /* another pair of nonces */
+	g = h;
+	g.stream = 3; /* one MAC serves every stream of the lane */
+	g.nstreams = 5;
+	EXPECT(rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.lane_id = 10;
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.nnics = 1; /* the NIC table is covered too */
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.mac[31] ^= 1;
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+}
+
+static void test_epoch_bounds(void)
+{
+	EXPECT(rh_epoch_ok(1, 1));
+	EXPECT(rh_epoch_ok(5, 2)); /* older: fine (stale frames are dropped elsewhere) */
+	EXPECT(rh_epoch_ok(1, 1 + RH_EPOCH_AHEAD_MAX));
+	EXPECT(!rh_epoch_ok(1, 2 + RH_EPOCH_AHEAD_MAX));
+	EXPECT(!rh_epoch_ok(1, UINT32_MAX)); /* finding 5: UINT32_MAX then ++ wrapped to 0 */
+	EXPECT(!rh_epoch_ok(RH_EPOCH_LIMIT - 1, RH_EPOCH_LIMIT));
+	EXPECT(rh_epoch_ok(RH_EPOCH_LIMIT - 1, RH_EPOCH_LIMIT - 1));
+}
+
+static void test_crc32c(void)
+{
+	/* Check values of CRC-32C (Castagnoli): "123456789" -> 0xe3069283; 32 zero bytes ->
+	 * 0x8a9136aa (RFC 3720, B.4). */
+	static const char digits[] = "123456789";
+	uint8_t zeros[32] = { 0 }, big[4099];
+
+	EXPECT_EQ(rh_crc32c(0, digits, 9), 0xe3069283u);
+	EXPECT_EQ(rh_crc32c_sw(0, digits, 9), 0xe3069283u);
+	EXPECT_EQ(rh_crc32c(0, zeros, sizeof(zeros)), 0x8a9136aau);
+	EXPECT_EQ(rh_crc32c_sw(0, zeros, sizeof(zeros)), 0x8a9136aau);
+	for (size_t i = 0; i < sizeof(big); i++) {
+		big[i] = (uint8_t)(i * 131 + 7);
+	}
+	/* both implementations agree at every alignment, and a stream continues */
+	for (size_t o = 0; o < 9; o++) {
+		EXPECT_EQ(rh_crc32c(0, big + o, sizeof(big) - o),
+			  rh_crc32c_sw(0, big + o, sizeof(big) - o));
+	}
+	EXPECT_EQ(rh_crc32c(rh_crc32c(0, big, 1000), big + 1000, sizeof(big) - 1000),
+		  rh_crc32c(0, big, sizeof(big)));
+	{
+		/* long buffers take the interleaved path: every length around its threshold */
+		static uint8_t huge[(1 << 20) + 64];
+
+		for (size_t i = 0; i < sizeof(huge); i++) {
+			huge[i] = (uint8_t)(i * 2654435761u >> 13);
+		}
+		for (size_t n = 3 * 1024 - 9; n < 3 * 1024 + 30; n++) {
+			EXPECT_EQ(rh_crc32c(0, huge + 1, n), rh_crc32c_sw(0, huge + 1, n));
+		}
+		EXPECT_EQ(rh_crc32c(0x1234, huge, sizeof(huge)),
+			  rh_crc32c_sw(0x1234, huge, sizeof(huge)));
+		EXPECT_EQ(rh_crc32c(0, huge + 3, 524288), rh_crc32c_sw(0, huge + 3, 524288));
+	}
+	{
+		uint32_t before = rh_crc32c(0, big, sizeof(big));
+
+		big[77] ^= 4; /* a flipped bit is seen */
+		EXPECT(rh_crc32c(0, big, sizeof(big)) != before);
+	}
 }
 
 int main(void)
@@ -202,5 +317,8 @@ int main(void)
 	test_hello();
 	test_cts_resume();
 	test_handle();
+	test_hello_mac();
+	test_epoch_bounds();
+	test_crc32c();
 	TEST_DONE();
 }

@@ -187,6 +187,7 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 {
 	struct rh_hello h;
 	const struct rh_peer_nic *r = &c->rnics[l->rnic];
+	int rc;
 
 	rh_conn_local_hello(c, &h);
 	h.kind = (uint8_t)kind;
@@ -198,6 +199,10 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 	}
 	h.src_nic = (int16_t)l->lnic;
 	h.dst_nic = (int16_t)l->rnic;
+	rc = rh_conn_sign_hello(c, l, &h);
+	if (rc < 0) {
+		return rc;
+	}
 	l->t_deadline_ms = rh_now_ms() + timeout_ms;
 	INFO("conn %016llx: opening lane %u %s -> peer NIC %d (%d streams, epoch %u)",
 	     (unsigned long long)c->id, l->id, rh_g.nics[l->lnic].ifname, l->rnic, l->nstreams,
@@ -440,4 +445,25 @@ void rh_core_stream_detach(struct rh_conn *c, struct rh_lane *lane, int idx, voi
 	}
 	pthread_mutex_unlock(&c->mu);
 	rh_core_conn_put(c);
+}
+
+bool rh_conn_epoch_take(struct rh_conn *c, uint32_t e)
+{
+	if (!rh_epoch_ok(c->epoch, e)) {
+		return false;
+	}
+	if (e > c->epoch) {
+		c->epoch = e;
+	}
+	return true;
+}
+
+int rh_conn_epoch_bump(struct rh_conn *c)
+{
+	if (c->epoch + 1 >= RH_EPOCH_LIMIT) {
+		rh_conn_fail(c, -EOVERFLOW, "epoch space exhausted");
+		return -EOVERFLOW;
+	}
+	c->epoch++;
+	return 0;
 }

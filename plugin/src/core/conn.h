@@ -136,16 +136,32 @@ struct rh_conn {
 	uint64_t rx_next_seq;
 	int nrecv_out;
 	uint64_t t_rx_progress_ms; /* last chunk placed or receive posted */
+	/* Authentication (plugin.c): the connection secret (from the handle), the connection
+	 * nonces of both sides ([0] connector's, in HELLO_CONN; [1] acceptor's, in its reply),
+	 * the nonce of each lane this side opened (by slot in lanes[]) and the ids of lanes the
+	 * peer opened (newest, and a window of 64 below it: a replayed hello is refused). */
+	uint8_t key[RH_SECRET_LEN];
+	uint8_t conn_nonce[2][RH_NONCE_LEN];
+	bool have_nonces;
+	uint8_t lane_nonce[RH_MAX_LANES][RH_NONCE_LEN];
+	bool peer_lane_any;
+	uint32_t peer_lane_max;
+	uint64_t peer_lane_seen;
 	struct rh_listen *listen;
 	struct rh_conn *lnext;
 	struct rh_conn *gnext;
 	struct rh_fo fo;
 };
 
+#define RH_LISTEN_SEEN 64
+
 struct rh_listen {
 	uint64_t id;
 	int dev;
 	bool closed;
+	uint8_t secret[RH_SECRET_LEN]; /* in the handle only; keys its connections' hellos */
+	uint64_t seen[RH_LISTEN_SEEN]; /* ids of its last connections that became ready */
+	unsigned nseen;
 	struct rh_conn *ready_head, *ready_tail;
 	struct rh_listen *next;
 };
@@ -179,6 +195,11 @@ int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
+/* Take a peer's epoch e (a hello, FAILREQ, RESUME): false when it is out of bounds
+ * (rh_epoch_ok), which the caller treats as a protocol error of the lane it came on. */
+bool rh_conn_epoch_take(struct rh_conn *c, uint32_t e); /* locked */
+/* Start a new epoch; fails the connection when the epoch space is exhausted. */
+int rh_conn_epoch_bump(struct rh_conn *c); /* locked */
 /* Report a lane event to the control plane (l may be NULL: the connection's original pair). */
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed); /* locked */
@@ -190,6 +211,8 @@ bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 
 /* plugin.c */
 int rh_conn_start_connect(struct rh_conn *c); /* locked */
+/* Fill the nonce and MAC of the hello that opens lane l. */
+int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h); /* locked */
 /* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
  * each connection's lock in turn; the caller drops each reference. */
 #define RH_SNAPSHOT_MAX 1024

@@ -16,6 +16,7 @@
 #include "../param.h"
 #include "../probes.h"
 #include "../rh.h"
+#include "auth.h"
 #include "conn.h"
 #include "health.h"
 #include "sched.h"
@@ -399,39 +400,83 @@ static void rreq_check_slot(struct rh_conn *c, struct rh_rreq *q, int s, int lan
 	}
 }
 
+/* A frame that disagrees with what this side posted or knows: the lane it came on is failed
+ * (the sender replays on the others); the user's receive is neither completed nor failed. */
+static void bad_frame(struct rh_conn *c, struct rh_lane *l, const struct rh_hdr *h, const char *why)
+{
+	WARN("conn %016llx: lane %u: %s frame (seq %llu slot %u off %llu len %u total %llu epoch "
+	     "%u) %s: failing the lane",
+	     (unsigned long long)c->id, l->id, h->type == RH_F_DATA ? "DATA" : "control",
+	     (unsigned long long)h->seq, h->slot, (unsigned long long)h->off, h->len,
+	     (unsigned long long)h->total, h->epoch, why);
+	rh_fo_lane_failed(c, l, -EPROTO, "protocol violation");
+}
+
+/* Checks a DATA frame against the receive this side posted (locked). NULL: the frame is
+ * fine, *q is its receive or NULL when the frame is stale (an older epoch, a replay of a
+ * placed chunk or of a completed receive: dropped quietly). Else the violation. */
+static const char *check_data(struct rh_conn *c, const struct rh_hdr *h, struct rh_rreq **qp)
+{
+	struct rh_rreq *q = &c->rreqs[h->seq % RH_RING];
+	uint64_t idx, off, len;
+
+	*qp = NULL;
+	if (h->conn_id != c->id) {
+		return "names another connection";
+	}
+	if (h->epoch > c->epoch) {
+		return "is of a future epoch";
+	}
+	if (h->seq >= c->rx_next_seq) {
+		return "is for a receive never posted";
+	}
+	if (h->epoch < c->rx_min_epoch) {
+		return NULL;
+	}
+	if (!q->used || q->seq != h->seq || q->complete) {
+		return NULL; /* completed (a late copy); the ring slot may be reused already */
+	}
+	if (h->slot >= q->n) {
+		return "names a slot the receive does not have";
+	}
+	if (h->total > q->sizes[h->slot]) {
+		return "is larger than the posted buffer";
+	}
+	if (q->total[h->slot] != UINT64_MAX && q->total[h->slot] != h->total) {
+		return "disagrees with the message size of earlier chunks";
+	}
+	idx = h->off / c->chunk;
+	if (!rh_sched_chunk(h->total, c->chunk, idx, &off, &len) || off != h->off ||
+	    len != h->len) {
+		return "is not a chunk of the message";
+	}
+	if ((q->done_mask & (1u << h->slot)) ||
+	    (q->bits[h->slot][idx / 64] & (1ull << (idx % 64)))) {
+		return NULL; /* already placed (replay) */
+	}
+	*qp = q;
+	return NULL;
+}
+
 void *rh_core_rx_data(struct rh_lane *l, const struct rh_hdr *h, bool *counted)
 {
 	struct rh_conn *c = l->conn;
 	struct rh_rreq *q;
 	void *dst = NULL;
-	uint64_t idx, off, len;
+	const char *why;
 
 	*counted = false;
 	pthread_mutex_lock(&c->mu);
-	if (c->is_send || atomic_load(&c->closed) || h->epoch < c->rx_min_epoch ||
-	    l->state == RH_LANE_DEAD) {
+	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
 		goto out;
 	}
-	q = &c->rreqs[h->seq % RH_RING];
-	if (!q->used || q->seq != h->seq || q->complete || h->slot >= q->n ||
-	    (q->done_mask & (1u << h->slot))) {
+	why = check_data(c, h, &q);
+	if (why) {
+		bad_frame(c, l, h, why);
 		goto out;
 	}
-	if (h->total > q->sizes[h->slot]) {
-		WARN("message of %llu bytes for a %llu-byte receive", (unsigned long long)h->total,
-		     (unsigned long long)q->sizes[h->slot]);
-		q->err = -EMSGSIZE;
+	if (!q) {
 		goto out;
-	}
-	idx = h->off / c->chunk;
-	if (!rh_sched_chunk(h->total, c->chunk, idx, &off, &len) || off != h->off ||
-	    len != h->len) {
-		WARN("bad chunk %llu+%u of %llu", (unsigned long long)h->off, h->len,
-		     (unsigned long long)h->total);
-		goto out;
-	}
-	if (q->bits[h->slot][idx / 64] & (1ull << (idx % 64))) {
-		goto out; /* already placed (replay) */
 	}
 	q->total[h->slot] = h->total;
 	q->writers[h->slot]++;
@@ -445,6 +490,28 @@ out:
 	return dst;
 }
 
+/* RAILHOP_CHECKSUM: true when the placed chunk of h matches the CRC32C its sender computed. */
+static bool chunk_crc_ok(struct rh_conn *c, struct rh_rreq *q, const struct rh_hdr *h)
+{
+	const char *p;
+	uint32_t crc;
+
+	if (!(h->flags & RH_FLAG_CRC) || h->len == 0) {
+		return true;
+	}
+	p = q->bufs[h->slot] + h->off; /* stable: writers[] holds the receive open */
+	pthread_mutex_unlock(&c->mu);
+	crc = 0;
+	if (rh_core_io_enter(c)) {
+		crc = rh_crc32c(0, p, h->len);
+		rh_core_io_exit(c);
+	} else {
+		crc = ~h->aux; /* closing: the chunk is not placed */
+	}
+	pthread_mutex_lock(&c->mu);
+	return crc == h->aux;
+}
+
 void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counted, bool ok)
 {
 	struct rh_conn *c = l->conn;
@@ -456,6 +523,12 @@ void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counte
 	}
 	pthread_mutex_lock(&c->mu);
 	q = &c->rreqs[h->seq % RH_RING];
+	if (ok && !chunk_crc_ok(c, q, h)) {
+		ok = false;
+		if (l->state != RH_LANE_DEAD) {
+			bad_frame(c, l, h, "does not match its CRC32C");
+		}
+	}
 	q->writers[h->slot]--;
 	if (ok && !(q->bits[h->slot][idx / 64] & (1ull << (idx % 64)))) {
 		q->bits[h->slot][idx / 64] |= 1ull << (idx % 64);
@@ -553,6 +626,8 @@ static size_t copy_ctrl(struct rh_conn *c, uint8_t *out, size_t cap)
 int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx)
 {
 	struct rh_conn *c = l->conn;
+	struct rh_hdr dh;
+	bool crc = false;
 	int rc = 0;
 
 	pthread_mutex_lock(&c->mu);
@@ -598,10 +673,24 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		tx->is_data = true;
 		tx->ctrl_len = 0;
 		rc = 1;
+		crc = rh_param.CHECKSUM && len > 0;
+		if (crc) {
+			dh = h;
+		}
 		break;
 	}
 out:
 	pthread_mutex_unlock(&c->mu);
+	if (crc) {
+		/* The message's memory stays valid until it is acknowledged; computed outside
+		 * the lock so lanes do not serialize on it. */
+		if (rh_core_io_enter(c)) {
+			dh.aux = rh_crc32c(0, tx->payload, tx->len);
+			dh.flags |= RH_FLAG_CRC;
+			rh_core_io_exit(c);
+			rh_hdr_put(&dh, tx->hdr);
+		}
+	}
 	return rc;
 }
 
@@ -625,6 +714,14 @@ void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p
 
 	pthread_mutex_lock(&c->mu);
 	if (l->state == RH_LANE_DEAD) {
+		goto out;
+	}
+	if (h->conn_id != c->id) {
+		bad_frame(c, l, h, "names another connection");
+		goto out;
+	}
+	if (!rh_epoch_ok(c->epoch, h->epoch)) {
+		bad_frame(c, l, h, "has an epoch out of bounds");
 		goto out;
 	}
 	switch (h->type) {

@@ -329,7 +329,9 @@ static void send_notify(struct rh_conn *c)
 		c->fo.t_last_failreq_ms = rh_now_ms();
 		c->fo.failreq_out = true;
 	} else {
-		c->epoch++;
+		if (rh_conn_epoch_bump(c) < 0) {
+			return;
+		}
 		rh_conn_queue_resume(c, false);
 		c->fo.active = false;
 		RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
@@ -568,10 +570,9 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_conn_epoch_take(c, h->epoch) || rh_conn_epoch_bump(c) < 0) {
+		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
 	}
-	c->epoch++;
 	rh_conn_queue_resume(c, true);
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
@@ -638,8 +639,9 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 			}
 		}
 	}
-	if (h->epoch > c->epoch) {
-		c->epoch = h->epoch;
+	if (!rh_conn_epoch_take(c, h->epoch)) {
+		free(r);
+		return;
 	}
 	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
 		/* The receiver moved on its own while our FAILREQ was on its way; it will answer

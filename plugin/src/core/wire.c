@@ -119,11 +119,13 @@ static int get_nic(const uint8_t *b, size_t len, struct rh_peer_nic *n)
 	return 12 + b[11];
 }
 
+#define RH_HELLO_FIXED 76 /* magic .. mac; then the NIC count and the NICs */
+
 int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 {
-	size_t o = 28;
+	size_t o = RH_HELLO_FIXED;
 
-	if (cap < o || h->nnics < 0 || h->nnics > RH_MAX_NICS) {
+	if (cap < o + 1 || h->nnics < 0 || h->nnics > RH_MAX_NICS) {
 		return -ENOSPC;
 	}
 	put32(b, RH_MAGIC);
@@ -136,9 +138,8 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 	put32(b + 20, h->chunk);
 	put16(b + 24, (uint16_t)h->src_nic);
 	put16(b + 26, (uint16_t)h->dst_nic);
-	if (cap < o + 1) {
-		return -ENOSPC;
-	}
+	memcpy(b + 28, h->nonce, RH_NONCE_LEN);
+	memcpy(b + 28 + RH_NONCE_LEN, h->mac, RH_MAC_LEN);
 	b[o++] = (uint8_t)h->nnics;
 	for (int i = 0; i < h->nnics; i++) {
 		int r = put_nic(&h->nics[i], b + o, cap - o);
@@ -153,7 +154,7 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 
 int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
 {
-	size_t o = 29;
+	size_t o = RH_HELLO_FIXED + 1;
 
 	if (len < o || get32(b) != RH_MAGIC) {
 		return -EPROTO;
@@ -167,7 +168,9 @@ int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
 	h->chunk = get32(b + 20);
 	h->src_nic = (int16_t)get16(b + 24);
 	h->dst_nic = (int16_t)get16(b + 26);
-	h->nnics = b[28];
+	memcpy(h->nonce, b + 28, RH_NONCE_LEN);
+	memcpy(h->mac, b + 28 + RH_NONCE_LEN, RH_MAC_LEN);
+	h->nnics = b[RH_HELLO_FIXED];
 	if (h->kind < RH_HELLO_CONN || h->kind > RH_HELLO_PROBE || h->nnics > RH_MAX_NICS ||
 	    h->stream >= h->nstreams + (h->kind == RH_HELLO_PROBE)) {
 		return -EPROTO;
@@ -181,6 +184,42 @@ int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
 		o += r;
 	}
 	return 0;
+}
+
+int rh_hello_mac_input(const struct rh_hello *h, bool reply, uint64_t conn_id, uint32_t epoch,
+		       const uint8_t *bind1, const uint8_t *bind2, uint8_t *b, size_t cap)
+{
+	static const char label[2][16] = { "railhop hello\0\0", "railhop reply\0\0" };
+	struct rh_hello m = *h;
+	size_t o = 16;
+	int n;
+
+	if (cap < o + 12 + 2 * RH_NONCE_LEN) {
+		return -ENOSPC;
+	}
+	memcpy(b, label[reply], 16);
+	memset(m.mac, 0, sizeof(m.mac));
+	m.stream = 0;
+	m.nstreams = 0;
+	n = rh_hello_put(&m, b + o, cap - o - 12 - 2 * RH_NONCE_LEN);
+	if (n < 0) {
+		return n;
+	}
+	o += (size_t)n;
+	put64(b + o, conn_id);
+	put32(b + o + 8, reply ? 0 : epoch);
+	o += 12;
+	for (int i = 0; i < 2; i++) {
+		const uint8_t *bind = i ? bind2 : bind1;
+
+		if (bind) {
+			memcpy(b + o, bind, RH_NONCE_LEN);
+		} else {
+			memset(b + o, 0, RH_NONCE_LEN);
+		}
+		o += RH_NONCE_LEN;
+	}
+	return (int)o;
 }
 
 int rh_cts_put(const struct rh_cts *c, uint8_t *b, size_t cap)
@@ -360,6 +399,7 @@ void rh_handle_put(const struct rh_handle *h, uint8_t *b)
 	b[4] = h->nnics;
 	b[5] = h->listen_nic;
 	put64(b + 8, h->listen_id);
+	memcpy(b + RH_HANDLE_SECRET_OFF, h->secret, RH_SECRET_LEN);
 	for (int i = 0; i < h->nnics && i < RH_HANDLE_NICS; i++) {
 		uint8_t *p = b + 16 + 8 * i;
 
@@ -378,6 +418,7 @@ int rh_handle_get(const uint8_t *b, struct rh_handle *h)
 	h->nnics = b[4];
 	h->listen_nic = b[5];
 	h->listen_id = get64(b + 8);
+	memcpy(h->secret, b + RH_HANDLE_SECRET_OFF, RH_SECRET_LEN);
 	for (int i = 0; i < h->nnics; i++) {
 		const uint8_t *p = b + 16 + 8 * i;
 

@@ -1,11 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Wire formats (pure encode/decode, little-endian, unit-tested):
- *  - the 48-byte frame header every lane frame starts with: type, slot, payload length,
- *    connection id, epoch, message seq, offset, total size;
+ *  - the 48-byte frame header every lane frame starts with: type, slot, flags, payload length,
+ *    connection id, epoch, aux, message seq, offset, total size. It carries NO magic and no
+ *    MAC: a frame is trusted because the lane it arrives on proved the connection secret at
+ *    its handshake, and every DATA frame is checked against the receive the receiver itself
+ *    posted (core/conn.c); a frame that disagrees fails the lane it came on;
  *  - control payloads: clear-to-send (CTS), RESUME (receiver's completion record), FAILREQ;
- *  - the lane handshake (HELLO / HELLO_ACK) carrying each side's full NIC table;
- *  - the 128-byte connect handle NCCL passes from listener to connector.
+ *  - the lane handshake (HELLO / HELLO_ACK): the protocol magic, a nonce and an HMAC-SHA256
+ *    (keyed by the connection secret) proving that the opener, and in the reply the acceptor,
+ *    knows the secret; the first hello of a connection and its reply carry each side's full
+ *    NIC table;
+ *  - the 128-byte connect handle NCCL passes from listener to connector out of band: the
+ *    protocol magic, the listener's NICs and the 128-bit connection secret.
  */
 #ifndef RH_WIRE_H
 #define RH_WIRE_H
@@ -18,19 +25,25 @@
 #include "sched.h"
 
 #define RH_HDR_LEN 48
-/* In every frame header and connect handle. Bumped when the wire protocol changes, so ranks
- * running different plugin builds fail at connect with a clear message instead of misreading
- * each other. "RHH2": RESUME marks FAILREQ answers (aux); ofi lanes have a control endpoint. */
-#define RH_MAGIC 0x32484852u /* "RHH2" */
+/* In every connect handle and lane handshake (not in frame headers). Bumped when the wire
+ * protocol changes, so ranks running different plugin builds fail at connect with a clear
+ * message instead of misreading each other. "RHH3": handles carry the connection secret and
+ * hellos a nonce and a MAC; DATA frames may carry a CRC32C (RH_FLAG_CRC). */
+#define RH_MAGIC 0x33484852u /* "RHH3" */
+#define RH_SECRET_LEN 16 /* per-listener (so per-connection) secret, only in the handle */
+#define RH_NONCE_LEN 16
+#define RH_MAC_LEN 32 /* HMAC-SHA256 */
+#define RH_FLAG_CRC 1u /* DATA: aux holds the CRC32C (Castagnoli) of the payload */
 #define RH_MAX_RECVS 8
 #define RH_RING 64 /* > NCCL_NET_MAX_REQUESTS outstanding receives */
 #define RH_CTRL_MAX 16384
-#define RH_HANDLE_NICS 12
+#define RH_HANDLE_NICS 11 /* the first hello carries the full table */
 #define RH_MAX_DEAD 16
 #define RH_RESUME_ANSWER 1u /* RESUME aux: answers the sender's FAILREQ */
 
 enum rh_ftype {
-	RH_F_DATA = 1, /* seq/slot/off/len chunk of a message of total bytes; payload follows */
+	RH_F_DATA = 1, /* seq/slot/off/len chunk of a message of total bytes; payload follows;
+			* flags RH_FLAG_CRC: aux = CRC32C of the payload */
 	RH_F_CTS = 2, /* receiver posted receive seq: aux = n, payload = n x (tag, size) */
 	RH_F_ACK = 3, /* receiver completed (seq, slot) with total bytes */
 	RH_F_RESUME = 4, /* receiver's completion record after a failover (epoch = new epoch;
@@ -54,6 +67,17 @@ struct rh_hdr {
 	uint64_t off;
 	uint64_t total;
 };
+
+/* Epochs only grow and never wrap: a peer's epoch is taken only when it is at most
+ * RH_EPOCH_AHEAD_MAX ahead of ours and below RH_EPOCH_LIMIT; a side whose own epoch would
+ * reach RH_EPOCH_LIMIT fails the connection (4 billion failovers do not happen). */
+#define RH_EPOCH_AHEAD_MAX (1u << 16)
+#define RH_EPOCH_LIMIT (UINT32_MAX - RH_EPOCH_AHEAD_MAX)
+
+static inline bool rh_epoch_ok(uint32_t ours, uint32_t peer)
+{
+	return peer < RH_EPOCH_LIMIT && (uint64_t)peer <= (uint64_t)ours + RH_EPOCH_AHEAD_MAX;
+}
 
 void rh_hdr_put(const struct rh_hdr *h, uint8_t *b);
 /* -EPROTO for an unknown type, a slot >= RH_MAX_RECVS or an oversized control payload. */
@@ -85,6 +109,10 @@ struct rh_hello {
 	uint32_t chunk;
 	int16_t src_nic; /* opener's NIC index */
 	int16_t dst_nic; /* NIC index of the listener at the other end */
+	/* Request: the opener's fresh nonce. Reply to HELLO_CONN: the acceptor's connection nonce;
+	 * to HELLO_LANE: zero. */
+	uint8_t nonce[RH_NONCE_LEN];
+	uint8_t mac[RH_MAC_LEN]; /* see rh_hello_mac_input(); zero in probes */
 	int nnics;
 	struct rh_peer_nic nics[RH_MAX_NICS];
 };
@@ -92,6 +120,18 @@ struct rh_hello {
 /* Returns the encoded length or -ENOSPC. */
 int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap);
 int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h);
+
+/* What the MAC of a hello covers (HMAC-SHA256 keyed by the connection secret), written to b:
+ * a label naming the direction (request or reply), the hello's encoding with the MAC, the
+ * stream index and the stream count zeroed (one MAC serves every stream of a lane, and a lane
+ * transport sets the count it opens after the core signed; a replayed hello cannot use them:
+ * its lane id is refused), the connection id, the epoch (request
+ * only), and bind (RH_NONCE_LEN bytes each, may be NULL = zeros): the connection's nonces
+ * from both sides (HELLO_LANE request) or the request's nonce (reply). Returns the length or
+ * -ENOSPC. */
+#define RH_MAC_INPUT_MAX 2048
+int rh_hello_mac_input(const struct rh_hello *h, bool reply, uint64_t conn_id, uint32_t epoch,
+		       const uint8_t *bind1, const uint8_t *bind2, uint8_t *b, size_t cap);
 
 struct rh_cts {
 	uint64_t seq;
@@ -128,7 +168,8 @@ int rh_resume_get(const uint8_t *b, size_t len, struct rh_resume *r);
 int rh_dead_put(int ndead, const uint32_t *dead, uint8_t *b, size_t cap);
 int rh_dead_get(const uint8_t *b, size_t len, int *ndead, uint32_t *dead);
 
-/* The connect handle (<= 128 bytes): names the listen comm and every NIC listener. */
+/* The connect handle (<= 128 bytes): names the listen comm and every NIC listener, and
+ * carries the connection secret (bytes 104..119). */
 struct rh_handle {
 	uint8_t nnics;
 	uint8_t listen_nic;
@@ -139,9 +180,11 @@ struct rh_handle {
 		int8_t rail;
 		uint8_t up;
 	} nics[RH_HANDLE_NICS];
+	uint8_t secret[RH_SECRET_LEN];
 };
 
 #define RH_HANDLE_LEN 128
+#define RH_HANDLE_SECRET_OFF 104
 #define RH_HANDLE_COOKIE_OFF 120 /* 8 bytes the connector uses to resume its state machine */
 
 void rh_handle_put(const struct rh_handle *h, uint8_t *b);

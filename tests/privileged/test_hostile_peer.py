@@ -1,0 +1,566 @@
+"""Hostile peers on the fabric (issue 17): a stranger attacks a live connection (root).
+
+A third host on the emulated fabric (node 2) speaks the plugin's TCP lane protocol (48-byte frame
+header and hellos, plugin/src/core/wire.h) to the lane listeners of a harness pair whose receiver
+checks every byte, while the pair moves data:
+
+* a forged HELLO_LANE naming the live connection (finding 1; the id travels in clear, the test
+  reads it from the plugin's log as a sniffer would from the wire), carrying a NIC table that
+  points at 127.0.0.1:9 (finding 4), followed by forged DATA frames that claim an empty message
+  (finding 2), carry in-bounds garbage or a size above the posted buffer (finding 3), and by
+  forged ACKs to the sender; then a NIC fault makes the connection fail over on its tables;
+* forged hellos with an epoch of UINT32_MAX, then a fault (finding 5);
+* the first 64 KiB of each of the plugin's own lanes, captured on the wire and replayed on new
+  connections to the same listeners, as sent and with bits flipped (finding 9), hellos for
+  connections that do not exist, and interleaved garbage.
+
+Asserted: no receive completes with wrong bytes or size, no request fails (the harness), no
+out-of-bounds access (plugin and harness are an AddressSanitizer build: no report, exit 0), the
+legitimate connection keeps moving data through the attack and after the fault, and the
+receiver's descriptors come back to their level and its CPU stays bounded.
+
+The attacker speaks the protocol of the build under test (the magic in the handle: "RHH3" hellos
+carry a nonce and a MAC, which the stranger cannot compute without the secret; "RHH2" had none),
+so the same file shows the findings on a build of the previous protocol: point
+RAILHOP_HOSTILE_PLUGIN_PATH and RAILHOP_HOSTILE_HARNESS_PATH at its ASan build. By default the
+module builds build/asan from this tree (cmake + ninja, incremental).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import require, until
+from railhop_lab.fabric import Fabric, in_netns, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[2]
+ASAN_BUILD = REPO / "build" / "asan"
+MiB = 1 << 20
+CHUNK = 524288  # RAILHOP_CHUNK_SIZE default
+RATE_MBIT = 200  # a rate-limited fabric: the receiver's CPU has headroom to measure
+
+HDR = struct.Struct("<BBHIQIIQQQ")  # type slot flags len conn_id epoch aux seq off total
+F_DATA, F_ACK, F_HELLO, F_HELLO_ACK = 1, 3, 7, 8
+HELLO_CONN, HELLO_LANE = 1, 2
+U32_MAX = 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------------------------------------
+# The wire, as a stranger writes it
+
+
+def frame(ftype: int, payload: bytes = b"", **f: int) -> bytes:
+    return (
+        HDR.pack(
+            ftype,
+            f.get("slot", 0),
+            f.get("flags", 0),
+            f.get("length", len(payload)),
+            f.get("conn_id", 0),
+            f.get("epoch", 1),
+            f.get("aux", 0),
+            f.get("seq", 0),
+            f.get("off", 0),
+            f.get("total", 0),
+        )
+        + payload
+    )
+
+
+def nic_entry(ip: str, port: int, rail: int = 0) -> bytes:
+    return socket.inet_aton(ip) + struct.pack(">H", port) + struct.pack("<hhBB", rail, -1, 1, 0)
+
+
+def hello(
+    magic: bytes,
+    kind: int,
+    from_sender: int,
+    lane_id: int,
+    *,
+    listen_id: int = 0,
+    src_nic: int = 0,
+    dst_nic: int = 0,
+    nics: tuple[bytes, ...] = (),
+) -> bytes:
+    """A hello of the listener's protocol; under RHH3 with a nonce and a MAC made without the
+    secret (random bytes: the stranger has nothing better)."""
+    b = magic + bytes((kind, from_sender, 1, 0))
+    b += struct.pack("<IQIhh", lane_id, listen_id, CHUNK, src_nic, dst_nic)
+    if magic == b"RHH3":
+        b += os.urandom(16 + 32)
+    return b + bytes((len(nics),)) + b"".join(nics)
+
+
+@dataclass
+class Handle:
+    magic: bytes
+    listen_id: int
+    nics: list[tuple[str, int]]  # the receiver's lane listeners, by NIC index
+
+
+def parse_handle(b: bytes) -> Handle:
+    n = b[4]
+    nics = []
+    for i in range(n):
+        p = 16 + 8 * i
+        nics.append((socket.inet_ntoa(b[p : p + 4]), struct.unpack(">H", b[p + 4 : p + 6])[0]))
+    return Handle(magic=b[:4], listen_id=struct.unpack("<Q", b[8:16])[0], nics=nics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+def asan_build() -> tuple[Path, Path]:
+    plugin = os.environ.get("RAILHOP_HOSTILE_PLUGIN_PATH")
+    harness = os.environ.get("RAILHOP_HOSTILE_HARNESS_PATH")
+    if plugin and harness:
+        return Path(plugin), Path(harness)
+    require(bool(shutil.which("cmake") and shutil.which("ninja")), "cmake and ninja")
+    if not (ASAN_BUILD / "build.ninja").is_file():
+        flags = "-fsanitize=address -fno-omit-frame-pointer"
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                str(REPO),
+                "-B",
+                str(ASAN_BUILD),
+                "-G",
+                "Ninja",
+                "-DRAILHOP_BUILD_TESTS=OFF",
+                "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                f"-DCMAKE_C_FLAGS={flags}",
+                "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address",
+                "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    subprocess.run(
+        ["cmake", "--build", str(ASAN_BUILD), "--target", "nccl-net-railhop", "railhop-harness"],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    return (
+        ASAN_BUILD / "plugin" / "libnccl-net-railhop.so",
+        ASAN_BUILD / "plugin" / "railhop-harness",
+    )
+
+
+@pytest.fixture(scope="module")
+def build() -> tuple[Path, Path]:
+    require(os.geteuid() == 0, "needs root (netns, veth, tc)")
+    return asan_build()
+
+
+@pytest.fixture(scope="module")
+def fab(build: tuple[Path, Path]) -> Iterator[Fabric]:
+    with Fabric(nodes=3, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhth")) as f:
+        yield f
+
+
+@pytest.fixture(autouse=True)
+def _healed(fab: Fabric) -> Iterator[None]:
+    fab.heal_all()
+    yield
+    fab.heal_all()
+
+
+ENV = {
+    "RAILHOP_TRANSPORT": "tcp",
+    "NCCL_DEBUG": "INFO",  # the plugin's log: connection ids and listener ports
+    "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:exitcode=86",
+}
+
+
+def start(fab: Fabric, build: tuple[Path, Path], duration: float, seed: int) -> HarnessRun:
+    cfg = HarnessConfig(
+        conns=1, sizes=(MiB,), duration=duration, deadline=duration + 40, inflight=8, seed=seed
+    )
+    return HarnessRun(fab, cfg, env=ENV, plugin=build[0], harness=build[1]).start()
+
+
+# ---------------------------------------------------------------------------------------------
+# What the stranger learns
+
+
+@dataclass
+class Target:
+    handle: Handle
+    conn_id: int
+    send_ports: dict[int, int]  # the sender's lane listeners: NIC index -> port
+    recv_pid: int
+
+
+def _log(run: HarnessRun, role: str) -> str:
+    return (run.workdir / f"{role}.stderr").read_text(errors="replace")
+
+
+def discover(fab: Fabric, run: HarnessRun) -> Target:
+    hfile = run.workdir / "rendezvous" / "handle.0"
+    until(hfile.is_file, 20, "the receiver's connect handle")
+    handle = parse_handle(hfile.read_bytes())
+    found: dict[str, int] = {}
+
+    def conn_id() -> bool:
+        m = re.search(r"conn ([0-9a-f]{16}) \(recv\): lane \d+ up", _log(run, "recv"))
+        if m:
+            found["id"] = int(m.group(1), 16)
+        return m is not None
+
+    until(conn_id, 20, "the connection id in the receiver's log")
+    ports = {}
+    for m in re.finditer(r"lane listener on (\S+) port (\d+)", _log(run, "send")):
+        ports[[fab.ifname(k) for k in range(fab.nics)].index(m.group(1))] = int(m.group(2))
+    assert len(ports) == fab.nics, _log(run, "send")[-2000:]
+    return Target(handle, found["id"], ports, run.sides["recv"].proc.pid)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Attack:
+    fab: Fabric
+    socks: list[socket.socket] = field(default_factory=list)
+    accepted: list[str] = field(default_factory=list)  # forged hellos the plugin answered
+
+    def connect(self, ip: str, port: int) -> socket.socket | None:
+        s = self.fab.socket(2)
+        s.settimeout(3.0)
+        try:
+            s.connect((ip, port))
+        except OSError:
+            s.close()
+            return None
+        self.socks.append(s)
+        return s
+
+    @staticmethod
+    def send(s: socket.socket, data: bytes) -> bool:
+        try:
+            s.sendall(data)
+            return True
+        except OSError:
+            return False  # the plugin closed it (a refused hello)
+
+    def hello(self, s: socket.socket, what: str, data: bytes) -> None:
+        """Send a hello; record it when the plugin answers with a HELLO_ACK."""
+        if not self.send(s, data):
+            return
+        got = b""
+        s.settimeout(1.5)
+        try:
+            while len(got) < HDR.size:
+                b = s.recv(HDR.size - len(got))
+                if not b:
+                    break
+                got += b
+        except OSError:
+            pass
+        if len(got) == HDR.size and got[0] == F_HELLO_ACK:
+            self.accepted.append(what)
+        s.settimeout(3.0)
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        self.socks.clear()
+
+
+FRAMES = ("empty", "oversize", "garbage", "ack")
+
+
+def forged_lanes(
+    fab: Fabric,
+    run: HarnessRun,
+    t: Target,
+    *,
+    epoch: int = 1,
+    table: bool = False,
+    frames: tuple[str, ...] = (),
+) -> Attack:
+    """A HELLO_LANE naming the live connection to every listener of both ends; optionally with
+    a NIC table pointing at 127.0.0.1:9, and followed by forged frames for the receives posted
+    now: to the receiver DATA claiming an empty message ("empty"), a message above the posted
+    size ("oversize"), garbage in bounds ("garbage", one listener); to the sender ACKs."""
+    a = Attack(fab)
+    poison = tuple(nic_entry("127.0.0.1", 9, rail=k) for k in range(fab.nics)) if table else ()
+    ends = [(1, t.handle.nics[k], k) for k in range(fab.nics)]
+    ends += [(0, (fab.address(0, k), t.send_ports[k]), k) for k in range(fab.nics)]
+    for node, (ip, port), k in ends:
+        s = a.connect(ip, port)
+        assert s is not None, f"cannot reach the lane listener {ip}:{port} of node {node}"
+        from_sender = 1 if node == 1 else 0
+        h = hello(
+            t.handle.magic, HELLO_LANE, from_sender, 1001 + 2 * k, src_nic=k, dst_nic=k, nics=poison
+        )
+        a.hello(s, f"node{node} NIC {k}", frame(F_HELLO, h, conn_id=t.conn_id, epoch=epoch))
+    prog = run.progress("recv")
+    base = prog[-1].msgs if prog else 0
+    cid = t.conn_id
+    for i, (s, (node, _, _)) in enumerate(zip(a.socks, ends, strict=True)):
+        out = b""
+        for seq in range(base, base + 16):
+            if node == 0 and "ack" in frames:
+                out += frame(F_ACK, conn_id=cid, seq=seq, total=MiB)
+            if node == 1 and "empty" in frames:
+                out += frame(F_DATA, conn_id=cid, seq=seq, total=0)
+            if node == 1 and "oversize" in frames:
+                out += frame(F_DATA, b"\xee" * 4096, conn_id=cid, seq=seq, total=4 * MiB)
+            if node == 1 and "garbage" in frames and i == 0:
+                out += frame(F_DATA, b"\xee" * CHUNK, conn_id=cid, seq=seq, off=CHUNK, total=MiB)
+        if out:
+            a.send(s, out)
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+def now_h(run: HarnessRun) -> float:
+    return time.monotonic() - run.started_at
+
+
+def close(run: HarnessRun) -> dict[str, str]:
+    """Stop the pair (if still running) and keep both sides' logs."""
+    run.kill()
+    logs = {role: _log(run, role) for role in ("send", "recv")}
+    run.close()
+    return logs
+
+
+def assert_clean(res: HarnessResult, logs: dict[str, str]) -> None:
+    for role, log in logs.items():
+        assert "AddressSanitizer" not in log, f"{role}: ASan report\n{log[-6000:]}"
+    assert res.ok, res.describe()
+    s, r = res.send.summary, res.recv.summary
+    assert s is not None and r is not None
+    assert s.msgs == r.msgs > 0 and s.bytes == r.bytes == r.msgs * MiB, res.describe()
+    assert r.data_errors == 0 and s.data_errors == 0, res.describe()
+
+
+def assert_moving_after(res: HarnessResult, t: float, what: str) -> None:
+    prog = res.recv.progress
+    before = max((p.bytes for p in prog if p.t <= t), default=0)
+    assert prog and prog[-1].bytes > before + 4 * MiB, f"no data after {what}\n{res.describe()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.parametrize("frames", FRAMES)
+def test_forged_lane_and_frames_are_refused(
+    fab: Fabric, build: tuple[Path, Path], frames: str
+) -> None:
+    """Findings 1-3: a stranger's HELLO_LANE naming the live connection is not answered and its
+    frames reach nothing: no receive completes empty (2), with garbage or fails with EMSGSIZE
+    (3), no send completes on a forged ACK."""
+    run = start(fab, build, duration=7.0, seed=171)
+    try:
+        wait_for_bytes(run, 8 * MiB, timeout=30)
+        t = discover(fab, run)
+        attack = forged_lanes(fab, run, t, frames=(frames,))
+        t_attack = now_h(run)
+        attack.close()
+        res = run.wait()
+    finally:
+        logs = close(run)
+    assert_clean(res, logs)
+    assert not attack.accepted, f"forged HELLO_LANE accepted on {attack.accepted} (finding 1)"
+    assert_moving_after(res, t_attack, "the attack")
+
+
+def test_forged_nic_table_cannot_steer_failover(fab: Fabric, build: tuple[Path, Path]) -> None:
+    """Finding 4: a HELLO_LANE's NIC table (every NIC at 127.0.0.1:9) does not replace the
+    peer's: when the connection's NIC fails afterwards, its backup lanes reach the real NICs."""
+    run = start(fab, build, duration=9.0, seed=172)
+    try:
+        wait_for_bytes(run, 8 * MiB, timeout=30)
+        t = discover(fab, run)
+        attack = forged_lanes(fab, run, t, table=True)
+        attack.close()
+        t_fault = now_h(run)
+        fab.carrier_down(1, 0)  # the connection's NIC (device 0) at the receiver
+        res = run.wait()
+    finally:
+        logs = close(run)
+    assert_clean(res, logs)
+    assert not attack.accepted, f"forged HELLO_LANE accepted on {attack.accepted}"
+    assert_moving_after(res, t_fault + 1.0, "the fault (failover on the real NIC table)")
+
+
+def test_forged_epoch_cannot_wrap(fab: Fabric, build: tuple[Path, Path]) -> None:
+    """Finding 5: a hello with epoch UINT32_MAX does not move the connection's epoch (which
+    would wrap to 0 at the next failover); the failover after it works."""
+    run = start(fab, build, duration=9.0, seed=173)
+    try:
+        wait_for_bytes(run, 8 * MiB, timeout=30)
+        t = discover(fab, run)
+        attack = forged_lanes(fab, run, t, epoch=U32_MAX)
+        attack.close()
+        t_fault = now_h(run)
+        fab.carrier_down(0, 0)  # the connection's NIC at the sender
+        res = run.wait()
+    finally:
+        logs = close(run)
+    assert_clean(res, logs)
+    assert not attack.accepted, f"forged hello with epoch UINT32_MAX accepted: {attack.accepted}"
+    assert_moving_after(res, t_fault + 1.0, "the fault")
+    assert "epoch 4294967295" not in logs["recv"] + logs["send"]
+
+
+class Capture:
+    """TCP payload on node 1's NICs, by flow (src, sport, dst, dport), the first 64 KiB each."""
+
+    LIMIT = 64 * 1024
+
+    def __init__(self, fab: Fabric) -> None:
+        self.flows: dict[tuple[str, int, str, int], bytearray] = {}
+        self.stop = threading.Event()
+        self.socks = [
+            in_netns(
+                fab.netns(1),
+                lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)),
+            )
+            for _ in range(fab.nics)
+        ]
+        for k, s in enumerate(self.socks):
+            s.bind((fab.ifname(k), 0))
+        self.thread = threading.Thread(target=self._body, daemon=True)
+        self.thread.start()
+
+    def _body(self) -> None:
+        while not self.stop.is_set():
+            ready, _, _ = select.select(self.socks, [], [], 0.1)
+            for s in ready:
+                pkt = s.recv(262144)
+                if len(pkt) < 34 or pkt[12:14] != b"\x08\x00" or pkt[23] != 6:
+                    continue
+                ihl = (pkt[14] & 15) * 4
+                tcp = 14 + ihl
+                doff = (pkt[tcp + 12] >> 4) * 4
+                total = struct.unpack(">H", pkt[16:18])[0]
+                payload = pkt[tcp + doff : 14 + total]
+                if not payload:
+                    continue
+                key = (
+                    socket.inet_ntoa(pkt[26:30]),
+                    struct.unpack(">H", pkt[tcp : tcp + 2])[0],
+                    socket.inet_ntoa(pkt[30:34]),
+                    struct.unpack(">H", pkt[tcp + 2 : tcp + 4])[0],
+                )
+                buf = self.flows.setdefault(key, bytearray())
+                if len(buf) < self.LIMIT:
+                    buf += payload[: self.LIMIT - len(buf)]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for s in self.socks:
+            s.close()
+
+
+def flip_bits(b: bytes, rng: random.Random, n: int) -> bytes:
+    out = bytearray(b)
+    for _ in range(n):
+        i = rng.randrange(len(out))
+        out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> None:
+    """Finding 9 and more: the plugin's own lane bytes replayed on new connections (as sent and
+    with bits flipped), hellos for connections that do not exist, interleaved garbage. The
+    connection keeps moving checked data; the receiver's descriptors come back and its CPU
+    stays bounded while 64 stranger connections sit idle on its listeners."""
+    rng = random.Random(179)
+    cap = Capture(fab)
+    try:
+        run = start(fab, build, duration=12.0, seed=174)
+        wait_for_bytes(run, 16 * MiB, timeout=30)
+    finally:
+        cap.close()
+    try:
+        t = discover(fab, run)
+        listeners = {p for _, p in t.handle.nics} | set(t.send_ports.values())
+        flows = [
+            ((dst, dport), bytes(b))
+            for (_, _, dst, dport), b in cap.flows.items()
+            if dport in listeners
+        ]
+        assert flows, f"no lane bytes captured: {list(cap.flows)[:8]}"
+        lanes_up = re.compile(r"\((?:recv|send)\): lane \d+ up")
+        nlanes0 = len(lanes_up.findall(_log(run, "recv") + _log(run, "send")))
+        fds0 = open_fds(t.recv_pid)
+        cpu0, wall0 = cpu_s(t.recv_pid), time.monotonic()
+        time.sleep(1.0)
+        base_rate = (cpu_s(t.recv_pid) - cpu0) / (time.monotonic() - wall0)
+        t_attack = now_h(run)
+        a = Attack(fab)
+        targets = list(t.handle.nics) + [(fab.address(0, k), p) for k, p in t.send_ports.items()]
+        for (ip, port), data in flows[:16]:  # to the listener each was captured going to
+            for payload in (data, flip_bits(data, rng, 16), flip_bits(data, rng, 256)):
+                s = a.connect(ip, port)
+                if s is not None:
+                    a.send(s, payload)
+        for i in range(64):
+            ip, port = targets[i % len(targets)]
+            s = a.connect(ip, port)
+            if s is None:
+                continue
+            kind = i % 4
+            if kind == 0:  # garbage
+                a.send(s, rng.randbytes(4096))
+            elif kind == 1:  # a header announcing a 4 GiB hello
+                a.send(s, frame(F_HELLO, length=U32_MAX, conn_id=rng.getrandbits(64)))
+            elif kind == 2:  # a hello for a connection that does not exist (or is closed)
+                h = hello(t.handle.magic, HELLO_LANE, 1, 3, nics=())
+                a.send(s, frame(F_HELLO, h, conn_id=rng.getrandbits(64)))
+            else:  # a hello for a new connection of a listener that does not exist
+                h = hello(t.handle.magic, HELLO_CONN, 1, 0, listen_id=rng.getrandbits(64))
+                a.send(s, frame(F_HELLO, h, conn_id=rng.getrandbits(64)) + rng.randbytes(512))
+        # 64+ stranger connections sit on the listeners: CPU stays near its level
+        cpu1, wall1 = cpu_s(t.recv_pid), time.monotonic()
+        time.sleep(1.5)
+        held_rate = (cpu_s(t.recv_pid) - cpu1) / (time.monotonic() - wall1)
+        a.close()
+        # descriptors come back (the plugin closes what it refused, and what we closed)
+        until(lambda: open_fds(t.recv_pid) <= fds0 + 4, 10, f"descriptors back to {fds0} + 4")
+        res = run.wait()
+    finally:
+        logs = close(run)
+    assert_clean(res, logs)
+    assert_moving_after(res, t_attack + 2.0, "the replay")
+    # no replayed hello opened a lane (no fault here: the lanes up before are all there are)
+    assert len(lanes_up.findall(logs["recv"] + logs["send"])) == nlanes0, logs["recv"][-3000:]
+    # bounded: at most half a core more than before (a spinning listener takes a whole one)
+    assert held_rate < base_rate + 0.5, f"receiver CPU {held_rate:.2f} vs {base_rate:.2f} cores"
