@@ -87,6 +87,14 @@ def test_the_wheel_is_py3_none_manylinux_and_its_binaries_need_no_newer_glibc(
         needed = _glibc_needed(data, tmp_path)
         assert needed <= tagged, f"{n} needs GLIBC_{needed}, the wheel says {tagged}"
         assert b"libpython" not in data, f"{n} links libpython"
+        f = tmp_path / "needed"
+        f.write_bytes(data)
+        dyn = subprocess.run(
+            ["objdump", "-p", str(f)], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+        needed_libs = set(re.findall(r"NEEDED\s+(\S+)", dyn))
+        # libc and OpenSSL 3's libcrypto (the handshake HMAC) only: both in the usual images
+        assert needed_libs <= {"libc.so.6", "libcrypto.so.3", "libm.so.6"}, (n, needed_libs)
     # the tag is no looser than needed either: it is the newest version some binary imports
     assert max(_glibc_needed(z.read(n), tmp_path) for n in bins) == tagged
 
