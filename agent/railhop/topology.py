@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 __all__ = [
+    "GPU_VENDOR_AMD",
     "GPU_VENDOR_NVIDIA",
     "DistanceClass",
     "Gpu",
@@ -43,7 +44,11 @@ __all__ = [
 ]
 
 GPU_VENDOR_NVIDIA = 0x10DE
+GPU_VENDOR_AMD = 0x1002  # AMD/ATI graphics (RCCL); AMD's CPUs and chipsets are 0x1022
 _GPU_CLASSES = (0x0302, 0x0300)  # 3D controller (data-centre GPUs), VGA controller
+# AMD Instinct: MI300 are processing accelerators (0x1200), MI100/MI200 display controllers
+_AMD_GPU_CLASSES = (0x0302, 0x0300, 0x0380, 0x1200)
+GPU_DRIVERS = {"nvidia": GPU_VENDOR_NVIDIA, "amdgpu": GPU_VENDOR_AMD}
 _BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _ROOT_COMPLEX_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 
@@ -175,6 +180,16 @@ class Gpu:
     @property
     def numa_node(self) -> int | None:
         return self.pci.numa_node
+
+    @property
+    def vendor(self) -> str:
+        """``nvidia`` (NCCL), ``amd`` (RCCL) or the PCI vendor id."""
+        v = self.pci.vendor
+        if v == GPU_VENDOR_NVIDIA or self.pci.driver == "nvidia":
+            return "nvidia"
+        if v == GPU_VENDOR_AMD or self.pci.driver == "amdgpu":
+            return "amd"
+        return f"0x{v:04x}" if v is not None else "unknown"
 
 
 @dataclass(frozen=True)
@@ -451,15 +466,24 @@ def _read_pci(sysfs: _Sysfs, single_node: int | None) -> list[PciDevice]:
 
 
 def _read_gpus(sysfs: _Sysfs, pci: Iterable[PciDevice]) -> tuple[Gpu, ...]:
-    nvidia_bound = set(sysfs.listdir(sysfs.path("sys/bus/pci/drivers/nvidia")))
+    """NVIDIA (0x10de) and AMD (0x1002) GPUs, by PCI class or by the GPU driver bound; one
+    index order over both (PCI address), as NCCL/RCCL and nvidia-smi/rocm-smi number them."""
+    bound = {
+        bdf: drv
+        for drv in GPU_DRIVERS
+        for bdf in sysfs.listdir(sysfs.path(f"sys/bus/pci/drivers/{drv}"))
+    }
     gpus = []
     for d in pci:
-        by_class = (
-            d.vendor == GPU_VENDOR_NVIDIA
-            and d.class_code is not None
-            and (d.class_code >> 8) in _GPU_CLASSES
+        cls = None if d.class_code is None else d.class_code >> 8
+        by_class = cls is not None and (
+            (d.vendor == GPU_VENDOR_NVIDIA and cls in _GPU_CLASSES)
+            or (d.vendor == GPU_VENDOR_AMD and cls in _AMD_GPU_CLASSES)
         )
-        by_driver = d.bdf in nvidia_bound and (d.class_code is None or d.class_code >> 16 == 0x03)
+        drv = bound.get(d.bdf)
+        by_driver = drv is not None and (
+            cls is None or cls >> 8 == 0x03 or (drv == "amdgpu" and cls >> 8 == 0x12)
+        )
         if by_class or by_driver:
             gpus.append(d)
     return tuple(Gpu(i, d) for i, d in enumerate(sorted(gpus, key=lambda d: _bdf_key(d.bdf))))
@@ -683,6 +707,6 @@ def to_dict(topo: Topology) -> dict[str, object]:
     return {
         "root": topo.root,
         "numa_nodes": [{"id": x.id, "cpulist": x.cpulist} for x in topo.numa_nodes],
-        "gpus": [{"index": g.index, "pci": pci(g.pci)} for g in topo.gpus],
+        "gpus": [{"index": g.index, "vendor": g.vendor, "pci": pci(g.pci)} for g in topo.gpus],
         "nics": nics,
     }

@@ -40,7 +40,7 @@ from railhop_lab.harness import (
     bytes_interp,
     use_source_tree_build,
 )
-from railhop_lab.render import render_timeline_png
+from railhop_lab.render import PlotUnavailableError, render_timeline_png
 from railhop_lab.scenario import (
     DemoError,
     FaultReport,
@@ -375,12 +375,28 @@ def scrape(
             data += chunk
     finally:
         s.close()
+    return parse_metrics(data.partition(b"\r\n\r\n")[2].decode(errors="replace"))
+
+
+def _escape(v: str) -> str:
+    """A label value as the exposition format writes it."""
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``name{label="value",...}`` (labels in exposition order;
+    the bare name without labels) -> value, parsed by prometheus_client's parser. A scrape
+    that does not parse gives what parsed before the bad line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for ln in data.partition(b"\r\n\r\n")[2].decode(errors="replace").splitlines():
-        if ln and not ln.startswith("#"):
-            key, _, val = ln.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[key] = float(val)
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels.items())
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    except ValueError:
+        pass  # a truncated or garbled scrape: keep what parsed
     return out
 
 
@@ -731,10 +747,13 @@ def run_demo(
         results_dict(tl, rows, totals, dets, rate_mbit=rate_mbit, quick=quick, ok=ok, extra=extra),
     )
     png_path = out_dir / "timeline.png"
-    png_path.write_bytes(timeline_png(tl, rows, rate_mbit))
+    try:
+        png_path.write_bytes(timeline_png(tl, rows, rate_mbit))
+        plot = str(png_path)
+    except PlotUnavailableError as e:  # the lab without its plot extra: the rest still counts
+        plot = f"none ({e})"
     print(
-        f"results: {out_dir / 'results.json'}  plot: {png_path}  traces: {trace_path} "
-        f"({nspans} spans)",
+        f"results: {out_dir / 'results.json'}  plot: {plot}  traces: {trace_path} ({nspans} spans)",
         file=stream,
     )
     if not ok:

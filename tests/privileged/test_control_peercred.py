@@ -35,6 +35,10 @@ from railhop.control import (
 REPO = Path(__file__).resolve().parents[2]
 
 NOBODY = 65534
+# The children that run as other users need only the standard library: run them with the base
+# interpreter, not the checkout's .venv/bin/python, which they cannot reach when the checkout
+# lives under a directory other users cannot traverse (/root is 0700 on Debian).
+PY_ANY_USER = os.path.realpath(sys.executable)
 CHILD = r"""
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -73,7 +77,7 @@ def base() -> Iterator[Path]:
 
 async def as_nobody(sock: Path, payload: bytes, mode: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
+        PY_ANY_USER,
         "-c",
         CHILD,
         str(sock),
@@ -181,7 +185,7 @@ def test_two_users_jobs_side_by_side(base: Path) -> None:
 
     async def as_user(uid: int, gid_: int, sock: Path, payload: bytes, n: int = 1) -> str:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
+            PY_ANY_USER,
             "-c",
             "import socket, sys\n"
             "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"

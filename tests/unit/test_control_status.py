@@ -14,7 +14,7 @@ from railhop.control import (
     TableWriter,
     read_table,
 )
-from railhop.control.status import format_lanes, format_status, read_status_doc
+from railhop.control.status import format_lanes, format_status, read_status_doc, status_to_dict
 from railhop.daemon import LaneBook, write_status
 
 
@@ -94,3 +94,52 @@ def test_status_shows_lanes_and_failovers(tmp_path: Path) -> None:
         "(no lanes reported by plugins)"
     )
     w.close()
+
+
+def test_status_json_and_exit_codes(tmp_path: Path) -> None:
+    """``railhop status --json``: the table's facts as one document; no table is a finding
+    (exit 1), a bad option a usage error (exit 2)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from railhop.cli import cli
+
+    w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=100, clock=lambda: 10_000_000_000)
+    w.publish(
+        [
+            NicHealth("nic0", NicState.UP, 1_000_000_000, rail=0, pci="0000:17:00.0"),
+            NicHealth("nic1", NicState.DOWN, 9_000_000_000, Reason.CARRIER, rail=1),
+        ],
+        {"nic1": [Backup("nic0", remote_rail=1, weight=7)]},
+    )
+    snap = read_table(tmp_path / "health.tbl")
+    doc = status_to_dict(snap, 10_500_000_000)
+    assert doc["agent"]["liveness"] == "alive" and doc["agent"]["pid"] == snap.agent_pid
+    assert doc["agent"]["heartbeat_age_s"] == 0.5
+    assert doc["nics"][1] == {
+        "ifname": "nic1",
+        "rail": 1,
+        "state": "down",
+        "since_age_s": 1.5,
+        "reason": "carrier",
+        "pci": None,
+        "numa": None,
+        "speed_mbps": 0,
+        "backups": [{"nic": "nic0", "remote_rail": 1, "weight": 7, "distance": None}],
+    }
+    assert doc["status"] is None
+    assert status_to_dict(snap, 15_000_000_000)["agent"]["liveness"] == "silent"
+
+    r = CliRunner().invoke(cli, ["status", "--json", "--run-dir", str(tmp_path)])
+    # the writer's clock is fake (10 s of monotonic time): the real now finds it silent
+    out = json.loads(r.stdout)
+    assert [n["ifname"] for n in out["nics"]] == ["nic0", "nic1"]
+    assert out["agent"]["liveness"] in ("alive", "silent") and r.exit_code == 0
+    r = CliRunner().invoke(cli, ["status", "--json", "--check", "--run-dir", str(tmp_path)])
+    assert r.exit_code == (0 if json.loads(r.stdout)["agent"]["alive"] else 1)
+    w.close()
+    r = CliRunner().invoke(cli, ["status", "--run-dir", str(tmp_path / "none")])
+    assert r.exit_code == 1 and "no agent table" in r.stderr
+    r = CliRunner().invoke(cli, ["status", "--bogus"])
+    assert r.exit_code == 2

@@ -4,10 +4,11 @@ traces, the summary table, the live line and the PNG encoder (pure)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import math
 import os
 import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from railhop_lab.demo import (
     live_printer,
     match_detection,
     merge_otlp,
+    parse_metrics,
     root_problem,
     run_demo,
     summary_table,
@@ -33,7 +35,7 @@ from railhop_lab.demo import (
 )
 from railhop_lab.fabric import NicCounters
 from railhop_lab.harness import HarnessResult, Progress, SideResult, Summary
-from railhop_lab.render import render_timeline_png
+from railhop_lab.render import PlotUnavailableError, render_timeline_png
 from railhop_lab.scenario import Step, Timeline, fault_report
 
 RATE = 100.0  # bytes/s per connection (and per NIC)
@@ -110,20 +112,95 @@ def test_demo_steps_shape() -> None:
     assert demo_steps(True)[1] <= 24 < demo_steps(False)[1] <= 60
 
 
-def test_png_is_valid() -> None:
-    bins = [(i * 0.1, [1e6 * (i % 7), 2e6, 0.0, 5e5]) for i in range(100)]
-    png = render_timeline_png(bins, [(3.0, "blackhole nic1"), (6.0, "heal")], "test", 400, 200)
+def _png_size(png: bytes) -> tuple[int, int]:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     length, tag = struct.unpack(">I4s", png[8:16])
     assert tag == b"IHDR" and length == 13
-    w, h, depth, ctype = struct.unpack(">IIBB", png[16:26])
-    assert (w, h, depth, ctype) == (400, 200, 8, 2)
-    idat_len = struct.unpack(">I", png[33:37])[0]
-    assert png[37:41] == b"IDAT"
-    raw = zlib.decompress(png[41 : 41 + idat_len])
-    assert len(raw) == h * (1 + 3 * w)
-    assert png.endswith(b"IEND\xaeB`\x82")
-    assert raw.count(b"\xff") < len(raw)  # something was drawn
+    w, h = struct.unpack(">II", png[16:24])
+    return w, h
+
+
+def test_png_is_drawn_by_matplotlib_with_round_ticks_and_labels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The figure the PNG is made of: labelled axes, x and y ticks at round numbers, one line
+    per NIC, the fault band, the detection mark, and a legend naming them."""
+    from matplotlib.figure import Figure
+
+    figs: list[Figure] = []
+    real = Figure.savefig
+
+    def keep(self: Figure, *a: object, **kw: object) -> None:
+        figs.append(self)
+        real(self, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    bins = [(i * 0.1, [1e6 * (i % 7), 2e6, 0.0, 5e5]) for i in range(100)]
+    png = render_timeline_png(
+        bins,
+        [(3.0, "blackhole nic1"), (6.0, "heal")],
+        "test",
+        400,
+        200,
+        bands=[(3.0, 6.0, 1)],
+        detections=[(3.2, "down n0: netlink")],
+    )
+    assert _png_size(png) == (400, 200)
+    (fig,) = figs
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "time since start (s)"
+    assert ax.get_ylabel() == "transmit rate (Mbit/s)"
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        assert len(ticks) >= 3
+        steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
+        assert len(steps) == 1, ticks
+        (step,) = steps
+        mant = round(step / 10 ** math.floor(math.log10(step)), 6)
+        assert mant in (1, 2, 5), ticks  # the step is 1, 2 or 5 times 10^n
+        assert all(abs(t / step - round(t / step)) < 1e-6 for t in ticks), ticks
+    legend = ax.get_legend()
+    assert legend is not None
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names == ["nic0", "nic1", "nic2", "nic3", "agent declared NIC down", "fault on nic1"]
+    assert min(t.get_fontsize() for t in legend.get_texts()) >= 9
+    assert ax.xaxis.label.get_fontsize() >= 10
+
+
+def test_without_matplotlib_the_plot_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name: str, *a: object, **kw: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    with pytest.raises(PlotUnavailableError, match=r"railhop-lab\[plot\]"):
+        render_timeline_png([(0.0, [1.0])], [], "t")
+
+
+def test_metrics_are_parsed_with_prometheus_clients_parser() -> None:
+    text = (
+        "# HELP railhop_sources x\n# TYPE railhop_sources gauge\n"
+        'railhop_sources{source="netlink"} 1.0\n'
+        "# TYPE railhop_failovers counter\n"
+        'railhop_failovers_total{nic="nic1",cause="carrier_down"} 2.0\n'
+        "# TYPE railhop_detection_latency_seconds histogram\n"
+        'railhop_detection_latency_seconds_bucket{source="netlink",le="0.1"} 1.0\n'
+        'railhop_detection_latency_seconds_count{source="netlink"} 1.0\n'
+        "railhop_control_clients 3\n"
+        'odd{v="a\\"b"} 4\n'
+    )
+    got = parse_metrics(text)
+    assert got['railhop_sources{source="netlink"}'] == 1.0
+    assert got['railhop_failovers_total{nic="nic1",cause="carrier_down"}'] == 2.0
+    assert got['railhop_detection_latency_seconds_count{source="netlink"}'] == 1.0
+    assert got["railhop_control_clients"] == 3.0
+    assert got['odd{v="a\\"b"}'] == 4.0
+    # a garbled scrape keeps what parsed before the bad line
+    assert parse_metrics('a 1\nb{x="1"} notanumber\n') == {"a": 1.0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,5 +393,4 @@ def test_timeline_png_of_the_synthetic_run() -> None:
     tl = synthetic()
     rows = fault_rows(tl, [det(0, "nic1", 3.0)])
     png = timeline_png(tl, rows, 200)
-    w, h = struct.unpack(">II", png[16:24])
-    assert (w, h) == PNG_SIZE
+    assert _png_size(png) == PNG_SIZE

@@ -106,10 +106,10 @@ def test_scrape_time_samples(tmp_path: Path) -> None:
     assert value(m, "railhop_nic_bytes_total", nic="nic0", direction="tx") == 200
     assert value(m, "railhop_nic_bytes_total", nic="nic1", direction="rx") == 7
     assert value(m, "railhop_nic_bytes_total", nic="gone0", direction="rx") is None
-    assert value(m, "railhop_lane_bytes_total", pid="5", lane="2") == 4096
+    assert value(m, "railhop_lane_bytes_total", lane="2") == 4096
     le = repr(2.0**21 / 1e9)
-    assert value(m, "railhop_request_completion_seconds_bucket", pid="5", lane="2", le=le) == 3
-    assert value(m, "railhop_request_completion_seconds_count", pid="5", lane="2") == 4
+    assert value(m, "railhop_request_completion_seconds_bucket", lane="2", le=le) == 3
+    assert value(m, "railhop_request_completion_seconds_count", lane="2") == 4
     assert value(m, "railhop_control_events_total") == 42
     assert value(m, "railhop_control_clients") == 3
     # a provider that fails drops its samples, not the scrape
@@ -131,3 +131,44 @@ def test_endpoint_serves_and_stops() -> None:
     srv.stop()
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
+
+
+def test_lane_series_sum_processes_and_never_go_down() -> None:
+    """No pid label (unbounded): per-lane series sum every traced process; a process that
+    exits keeps its bytes in the counter, and lane indices past the plugin's are "other"."""
+    m = AgentMetrics(nics=["nic0"])
+    lat = (0, 1, 0)
+    stats = [
+        Stats(5, 0, 1, 100, 2, lat),
+        Stats(6, 0, 2, 50, 4, (0, 2, 0)),
+        Stats(6, 999, 1, 7, 1, lat),
+    ]
+    m.set_lane_stats(lambda: stats)
+    assert value(m, "railhop_lane_bytes_total", lane="0") == 150
+    assert value(m, "railhop_lane_bytes_total", lane="other") == 7
+    assert value(m, "railhop_request_completion_seconds_count", lane="0") == 3
+    stats = [Stats(5, 0, 3, 300, 6, (0, 3, 0))]  # pid 6 exited, pid 5 sent 200 more bytes
+    assert value(m, "railhop_lane_bytes_total", lane="0") == 350
+    assert value(m, "railhop_request_completion_seconds_count", lane="0") == 5
+    assert value(m, "railhop_request_completion_seconds_bucket", lane="0", le=repr(4 / 1e9)) == 5
+    text = m.render().decode()
+    assert "pid=" not in text
+
+
+def test_build_info_process_collector_and_no_created_series() -> None:
+    from railhop import __version__
+
+    m = AgentMetrics(nics=["nic0"])
+    m.transition("nic0", "down")
+    m.observe_spans([])
+    labels = {"version": __version__}
+    samples = {
+        s.name: s for fam in m.registry.collect() for s in fam.samples if s.name.endswith("_info")
+    }
+    assert samples["railhop_build_info"].value == 1
+    assert samples["railhop_build_info"].labels["version"] == labels["version"]
+    assert (value(m, "process_resident_memory_bytes") or 0) > 0
+    assert (value(m, "process_open_fds") or 0) > 0
+    text = m.render().decode()
+    assert "railhop_nic_transitions_total" in text
+    assert "_created" not in text

@@ -5,12 +5,15 @@ demo`` through an entry point, and the agent works without it."""
 from __future__ import annotations
 
 import ast
+import platform
+import re
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from railhop.cli import COMMANDS_GROUP, _missing_lab_command, cli
@@ -34,16 +37,70 @@ def test_the_agent_wheel_is_built_from_the_agent_package_only() -> None:
     assert not (REPO / "agent" / "railhop_lab").exists()
 
 
-def test_the_built_agent_wheel_holds_no_lab_code(tmp_path: Path) -> None:
-    """Builds the wheel as the node image does (``pip wheel . --no-deps``; the CMake build
-    directory of ``make setup`` is reused: seconds) and reads its file list."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built as the node image does (``pip wheel . --no-deps``; the CMake build
+    directory of ``make setup`` is reused: seconds)."""
+    out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
         check=True,
         capture_output=True,
         timeout=600,
     )
-    (wheel,) = tmp_path.glob("railhop-*.whl")
+    (whl,) = out.glob("railhop-*.whl")
+    return whl
+
+
+def _glibc_needed(data: bytes, tmp: Path) -> tuple[int, int]:
+    """The newest GLIBC_x.y symbol version an ELF file imports (``objdump -T``)."""
+    f = tmp / "elf"
+    f.write_bytes(data)
+    out = subprocess.run(
+        ["objdump", "-T", str(f)], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    found = {tuple(int(x) for x in v.split(".")[:2]) for v in re.findall(r"GLIBC_([0-9.]+)", out)}
+    assert found, out[:500]
+    return max(found)  # type: ignore[return-value]
+
+
+def test_the_wheel_is_py3_none_manylinux_and_its_binaries_need_no_newer_glibc(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """The plugin does not link libpython: one wheel serves every CPython 3. Its platform tag
+    names the glibc its binaries need; a binary that needs a newer one fails here."""
+    if platform.machine() != "x86_64":
+        pytest.fail(f"the wheel's tag is pinned for x86_64 only (machine {platform.machine()})")
+    name = wheel.name
+    m = re.fullmatch(r"railhop-[^-]+-py3-none-manylinux_(\d+)_(\d+)_x86_64\.whl", name)
+    assert m, name
+    tagged = (int(m.group(1)), int(m.group(2)))
+    z = zipfile.ZipFile(wheel)
+    assert (
+        "Tag: py3-none-manylinux_"
+        in z.read(next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+    )
+    bins = [n for n in z.namelist() if n.endswith(".so") or n.endswith("railhop-harness")]
+    assert {Path(n).name for n in bins} >= {"libnccl-net-railhop.so", "librccl-net-railhop.so"}
+    for n in bins:
+        data = z.read(n)
+        needed = _glibc_needed(data, tmp_path)
+        assert needed <= tagged, f"{n} needs GLIBC_{needed}, the wheel says {tagged}"
+        assert b"libpython" not in data, f"{n} links libpython"
+        f = tmp_path / "needed"
+        f.write_bytes(data)
+        dyn = subprocess.run(
+            ["objdump", "-p", str(f)], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+        needed_libs = set(re.findall(r"NEEDED\s+(\S+)", dyn))
+        # libc and OpenSSL 3's libcrypto (the handshake HMAC) only: both in the usual images
+        assert needed_libs <= {"libc.so.6", "libcrypto.so.3", "libm.so.6"}, (n, needed_libs)
+    # the tag is no looser than needed either: it is the newest version some binary imports
+    assert max(_glibc_needed(z.read(n), tmp_path) for n in bins) == tagged
+
+
+def test_the_built_agent_wheel_holds_no_lab_code(wheel: Path) -> None:
+    """Reads the built wheel's file list."""
     names = zipfile.ZipFile(wheel).namelist()
     py = {n for n in names if n.endswith(".py")}
     assert "railhop/daemon/loop.py" in py and "railhop/cli.py" in py

@@ -44,6 +44,34 @@ def test_check_reports_every_error_of_every_file(tmp_path: Path) -> None:
     assert "2 of 3 policy file(s) have errors" in err
 
 
+def test_check_json(tmp_path: Path) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text("version: 1\ntimeouts:\n  completion_ms: fast\n")
+    good = POLICIES / "permissive.yaml"
+    code, out, err = run("policy", "check", "--json", str(a), str(good))
+    assert code == 1 and err == ""
+    doc = json.loads(out)
+    assert doc["ok"] is False
+    assert doc["files"][0] == {
+        "file": str(a),
+        "ok": False,
+        "issues": [
+            {
+                "line": 3,
+                "column": 18,
+                "field": "timeouts.completion_ms",
+                "message": "must be of type integer",
+                "value": "'fast'",
+            }
+        ],
+    }
+    assert doc["files"][1] == {"file": str(good), "ok": True, "issues": []}
+    code, out, _ = run("policy", "check", "--json", str(good))
+    assert code == 0 and json.loads(out)["ok"] is True
+    code, _, err = run("policy", "check", "--json", "--bogus", str(good))
+    assert code == 2 and "No such option" in err
+
+
 def test_check_bad_input() -> None:
     code, _, err = run("policy", "check", "/no/such/file.yaml")
     assert code == 2 and "does not exist" in err

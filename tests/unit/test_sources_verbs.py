@@ -118,3 +118,17 @@ def test_events_flow_through_the_loop(tmp_path: Path) -> None:
         ("mlx5_1", "DEVICE_FATAL", 0),
     ]
     assert sorted(fake.closed) == ["mlx5_0", "mlx5_1"]
+
+
+def test_pyverbs_port_state_of_a_missing_device_is_a_clear_error() -> None:
+    """The real pyverbs call (python3-pyverbs is installed by setup): no such device here, so
+    the reader says why and the capability report carries it instead of a state."""
+    with pytest.raises(V.VerbsError, match=r"pyverbs"):
+        V.pyverbs_port_states("mlx5_nonexistent", [1])
+
+
+def test_port_numbers_come_from_sysfs(tmp_path: Path) -> None:
+    for p in ("1", "2"):
+        (tmp_path / "sys/class/infiniband/mlx5_0/ports" / p).mkdir(parents=True)
+    assert V.list_ports(str(tmp_path), "mlx5_0") == [1, 2]
+    assert V.list_ports(str(tmp_path), "mlx5_9") == []

@@ -64,7 +64,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 def test_fixtures_match_generator(tmp_path: Path) -> None:
     _gen().generate(tmp_path)
-    for name in ("dgx-h100", "multiplane", "ethernet"):
+    for name in ("dgx-h100", "multiplane", "ethernet", "amd-mi300x"):
         want, have = _tree(tmp_path / name), _tree(SYS / name)
         assert have == want, f"{name}: regenerate with tests/fixtures/gen_sys_fixtures.py"
     assert not filecmp.dircmp(tmp_path, SYS).left_only

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,6 +116,10 @@ def test_carrier_failover_is_one_trace_timed_by_the_events() -> None:
     assert det.attributes["railhop.detection.latency_ms"] == pytest.approx(3.0)
     assert det.attributes["network.interface.name"] == "nic0"
     assert det.attributes["hw.state"] == "failed"
+    # hw.* comes with hw.id (required by the hardware conventions): the name without a PCI id
+    assert det.attributes["hw.id"] == "nic0" == det.attributes["hw.name"]
+    assert det.attributes["hw.type"] == "network"
+    assert one(spans, FAILOVER).attributes["hw.id"] == "nic0"
     dec = one(spans, DECISION)
     assert dec.attributes["railhop.policy.name"] == "rail-opt"
     assert dec.attributes["railhop.decision.pairs"] == ("nic1->rail1", "nic2->rail2")
@@ -380,25 +385,99 @@ def test_otlp_json_parses_with_the_official_proto(tmp_path: Path) -> None:
 # ---- resource and configuration
 
 
-def test_resource_attributes_from_env() -> None:
-    env = {
-        "NODE_NAME": "gpu-node-3",
-        "K8S_POD_NAME": "railhop-abcde",
-        "POD_NAMESPACE": "railhop-system",
-        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,host.name=override%2C1",
-        "OTEL_SERVICE_NAME": "railhop-node",
-    }
+def test_hw_id_is_the_pci_address_when_known() -> None:
+    a = asm(hw_ids={"nic0": "0000:19:00.0"})
+    spans = carrier_failover(a)
+    for name in (FAILOVER, DETECTION, FAILBACK):
+        attrs = one(spans, name).attributes
+        assert attrs["hw.id"] == "0000:19:00.0" and attrs["hw.name"] == "nic0", name
+    for s in spans:  # every span with hw.* has hw.id
+        if any(k.startswith("hw.") for k in s.attributes):
+            assert "hw.id" in s.attributes, s.name
+
+
+def test_resource_is_built_by_the_sdk_from_the_standard_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resource.create(): OTEL_RESOURCE_ATTRIBUTES (percent-decoded) beats railhop's
+    defaults, OTEL_SERVICE_NAME beats both; the SDK adds telemetry.sdk.*."""
+    env = {"NODE_NAME": "gpu-node-3", "K8S_POD_NAME": "railhop-abcde", "POD_NAMESPACE": "rh"}
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "deployment.environment=prod,host.name=override%2C1,service.name=from-attrs",
+    )
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "railhop-node")
     a = tracing.resource_attributes(env, "h1", 12)
     assert a["k8s.node.name"] == "gpu-node-3"
     assert a["k8s.pod.name"] == "railhop-abcde"
-    assert a["k8s.namespace.name"] == "railhop-system"
+    assert a["k8s.namespace.name"] == "rh"
     assert a["deployment.environment"] == "prod"
     assert a["host.name"] == "override,1"
     assert a["service.name"] == "railhop-node"
     assert a["process.pid"] == 12
+    assert a["telemetry.sdk.name"] == "opentelemetry"
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    assert tracing.resource_attributes(env, "h1", 12)["service.name"] == "from-attrs"
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
     plain = tracing.resource_attributes({}, "h1", 12)
     assert plain["service.name"] == "railhop-agent" and plain["host.name"] == "h1"
     assert not any(k.startswith("k8s.") for k in plain)
+
+
+def test_grpc_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_grpc(name: str, *a: object, **kw: object) -> object:
+        if name.startswith("opentelemetry.exporter.otlp.proto.grpc"):
+            raise ImportError("No module named 'grpc'")
+        return real_import(name, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_grpc)
+    with pytest.raises(tracing.TracingError, match=r"railhop\[grpc\]"):
+        tracing.sinks_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, hostname="h")
+
+
+def test_otel_traces_sampler_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_TRACES_SAMPLER (+ _ARG) decides per trace which failovers reach the exporter; every
+    span of one failover gets the same decision."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    def exported(sampler: str, arg: str | None = None, runs: int = 1) -> tuple[int, int, int]:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+        if arg is None:
+            monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+        else:
+            monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+        mem = InMemorySpanExporter()
+        sink = tracing.OtelSink([SimpleSpanProcessor(mem)], {}, tracing.sampler_from_env())
+        traces = 0
+        rng = random.Random(7)
+        for _ in range(runs):
+            a = FailoverAssembler(OFFSET, host="h", rand_bits=rng.getrandbits)
+            spans = carrier_failover(a)
+            traces += 1
+            sink.emit(spans)
+        got = mem.get_finished_spans()
+        per_trace: dict[int, int] = {}
+        for g in got:
+            per_trace[g.context.trace_id] = per_trace.get(g.context.trace_id, 0) + 1
+        assert all(n == 6 for n in per_trace.values()), per_trace  # whole traces only
+        return len(per_trace), traces, sink.dropped_by_sampler
+
+    assert exported("always_on") == (1, 1, 0)
+    assert exported("always_off") == (0, 1, 6)
+    assert exported("parentbased_always_off") == (0, 1, 6)
+    kept, total, _ = exported("traceidratio", "0.25", runs=400)
+    assert total == 400
+    assert 60 <= kept <= 140, kept  # 100 expected; binomial sd ~8.7
+    with pytest.raises(tracing.TracingError, match="OTEL_TRACES_SAMPLER"):
+        exported("sometimes")
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER")
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    assert tracing.sampler_from_env().get_description().startswith("ParentBased")
 
 
 def test_sinks_from_env() -> None:

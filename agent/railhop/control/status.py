@@ -123,6 +123,64 @@ def format_status(
     return "\n".join(lines)
 
 
+def _age_s(now_ns: int, then_ns: int) -> float | None:
+    return None if then_ns <= 0 or then_ns > now_ns else round((now_ns - then_ns) / 1e9, 3)
+
+
+def status_to_dict(
+    snap: TableSnapshot,
+    now_ns: int,
+    *,
+    stale_ns: int | None = None,
+    lanes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``railhop status --json``: the same facts as :func:`format_status`, ages in seconds
+    (None: unknown). ``agent.status`` is the agent's ``status.json`` when it is this agent's."""
+    if snap.agent_gone:
+        liveness = "gone"
+    elif _stale(snap, now_ns, stale_ns):
+        liveness = "silent"
+    else:
+        liveness = "alive"
+    same = lanes is not None and _int(lanes.get("agent_pid")) == snap.agent_pid
+    return {
+        "version": 1,
+        "agent": {
+            "pid": snap.agent_pid,
+            "generation": snap.generation,
+            "liveness": liveness,
+            "alive": liveness == "alive",
+            "heartbeat_age_s": _age_s(now_ns, snap.heartbeat_ns),
+            "heartbeat_ms": snap.heartbeat_ms,
+            "publish_count": snap.publish_count,
+            "publish_age_s": _age_s(now_ns, snap.publish_ns),
+        },
+        "nics": [
+            {
+                "ifname": n.ifname,
+                "rail": n.rail,
+                "state": n.state.name.lower(),
+                "since_age_s": _age_s(now_ns, n.since_ns),
+                "reason": n.reason.name.lower(),
+                "pci": n.pci or None,
+                "numa": n.numa,
+                "speed_mbps": n.speed_mbps,
+                "backups": [
+                    {
+                        "nic": b.local_nic,
+                        "remote_rail": b.remote_rail,
+                        "weight": b.weight,
+                        "distance": b.distance.name if b.distance is not None else None,
+                    }
+                    for b in snap.plans.get(n.ifname, ())
+                ],
+            }
+            for n in snap.nics
+        ],
+        "status": dict(lanes) if same and lanes is not None else None,
+    }
+
+
 def format_agent(doc: Mapping[str, Any]) -> list[str]:
     """The agent's privileges and its trace export's health, from ``status.json``."""
     out: list[str] = []

@@ -28,8 +28,10 @@ class AgentConfig:
     shutdown_timeout_s: float = 5.0
     duration_s: float | None = None  # stop after this long (tests, demo); None: until a signal
     # which default sources to start; "ebpf": carrier (raw tracepoint / qdisc proxy) and TCP
-    # lane probes, started in the background when the capability check allows them
-    sources: tuple[str, ...] = ("netlink", "sysfs", "ebpf")
+    # lane probes, started in the background when the capability check allows them; "rdma"
+    # (RDMA/driver eBPF probes, in the background too) and "verbs" (async events): only where
+    # a managed NIC is an RDMA device
+    sources: tuple[str, ...] = ("netlink", "sysfs", "ebpf", "rdma", "verbs")
     ebpf_start_timeout_s: float = 180.0  # trial child + bcc compile, on a busy node
     status_interval_s: float = 0.25  # status.json at most this often
     traces: bool = False  # export failover traces as the OTEL_* variables say

@@ -73,19 +73,26 @@ def _read_topology(root: Path, nics: Sequence[str]) -> Topology:
     return read_topology(root, netdevs=nics)
 
 
-AGENT_GROUPS = frozenset({"netlink", "sysfs", "ebpf"})  # what ``--sources`` may name
+AGENT_GROUPS = frozenset({"netlink", "sysfs", "ebpf", "rdma", "verbs"})  # ``--sources`` names
+RDMA_GROUPS = frozenset({"rdma", "verbs"})  # started only where a managed NIC is an RDMA device
 
 
 def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list[Source]:
     """The catalogue's sources (:mod:`railhop.sources.catalogue`) of the groups
     ``config.sources`` names, for the managed netdevs: netlink link events, sysfs counters (when
     the policy sets thresholds), the eBPF carrier and TCP-lane probes (kept to this agent's
-    netns: kernel hooks see every netns), and the plugin's USDT probes when ``usdt_lib`` is
-    set. A source whose module cannot be imported is logged and left out. The RDMA/driver and
-    verbs groups are in the capability report only: the agent does not start them."""
+    netns: kernel hooks see every netns), and, where a managed NIC is an RDMA device, the
+    RDMA/driver eBPF probes (started in the background with the same trial and capability
+    report as the other eBPF sources) and the verbs async events of those devices; the
+    plugin's USDT probes when ``usdt_lib`` is set. A source whose module cannot be imported is
+    logged and left out."""
     groups = set(config.sources) & AGENT_GROUPS
     if not policy.health.counters:
         groups.discard("sysfs")
+    rdma_devices = sorted({n.rdma_device for n in topo.nics if n.rdma_device})
+    if not rdma_devices and groups & RDMA_GROUPS:
+        log.info("no managed NIC is an RDMA device: RDMA driver and verbs sources not started")
+        groups -= RDMA_GROUPS
     if config.usdt_lib is not None:
         groups.add("usdt")
     options = SourceOptions(
@@ -94,6 +101,7 @@ def default_sources(config: AgentConfig, topo: Topology, policy: Policy) -> list
         counters_root=str(config.sys_root),
         hooks_netns="self",
         plugin_lib=config.usdt_lib,
+        rdma_devices=rdma_devices,
     )
     return build_sources(options, groups)
 
@@ -254,8 +262,12 @@ class Agent:
                 )
             except tracing.TracingError as e:
                 raise AgentError(str(e)) from e
+            topo = self.topology
+            hw_ids = {ifname_of(n): n.pci.bdf for n in topo.nics if n.pci} if topo else {}
             self.tracer = tracing.FailoverTracer(
-                sinks, offset_ns=tracing.epoch_offset_ns(mono=self._clock)
+                sinks,
+                offset_ns=tracing.epoch_offset_ns(mono=self._clock),
+                config=tracing.AssemblerConfig(hw_ids=hw_ids),
             )
         if self.tracer is not None and self.metrics is not None:
             self.tracer.observers.append(self.metrics.observe_spans)

@@ -27,10 +27,11 @@ class SourceOptions:
     ifnames: Sequence[str] | None = None  # netdevs to watch; None or empty: every netdev
     thresholds: Mapping[str, float] = field(default_factory=dict)  # sysfs counter -> per second
     root: str = "/"  # where the hooks' checks read /proc and /sys (a fixture tree in tests)
-    counters_root: str | None = None  # the sysfs counters' root; None: ``root``
+    counters_root: str | None = None  # sysfs root of counters and RDMA devices; None: ``root``
     hooks_netns: str | None = None  # kernel hooks keep this netns's events only ("self")
     netlink_netns: str | None = None  # the netns netlink listens in; None: this one
     plugin_lib: str | Path | None = None  # the plugin library for USDT; None: no USDT source
+    rdma_devices: Sequence[str] | None = None  # verbs: these devices only; None: every one
 
 
 def _names(o: SourceOptions) -> set[str] | None:
@@ -71,7 +72,8 @@ def _sysfs(o: SourceOptions) -> Source:
 def _verbs(o: SourceOptions) -> Source:
     from railhop.sources.verbs import VerbsSource
 
-    return VerbsSource(root=o.root)
+    root = o.counters_root if o.counters_root is not None else o.root
+    return VerbsSource(root=root, devices=o.rdma_devices)
 
 
 def _usdt(o: SourceOptions) -> Source | None:

@@ -50,7 +50,9 @@ def run_check(
 @click.option("--plugin", type=click.Path(dir_okay=False), help="Plugin library for USDT probes.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def sources_cmd(nics: tuple[str, ...], plugin: str | None, as_json: bool) -> None:
-    """Report which event sources and probes can attach on this node, and why not."""
+    """Report which event sources and probes can attach on this node, and why not.
+
+    Exits 1 when nothing can attach (a finding), 2 on bad usage."""
     caps = run_check(nics, plugin, as_json)
     if not any(c.attached for c in caps):
-        raise SystemExit(2)
+        raise SystemExit(1)

@@ -1,10 +1,21 @@
-"""Verbs async events (PORT_ERR / PORT_ACTIVE / DEVICE_FATAL ...) of every RDMA device.
+"""Verbs async events (PORT_ERR / PORT_ACTIVE / DEVICE_FATAL ...) of the node's RDMA devices.
 
-One ``ibv_context`` per device (libibverbs through ctypes: ctypes releases the GIL and, unlike
-pyverbs' ``AsyncEvent``, gives the port number). The context's ``async_fd`` is made non-blocking
-and watched with ``loop.add_reader``; each readable event is read with
-``ibv_get_async_event``, acknowledged, decoded by the pure :func:`decode_async_event` and
-emitted. Devices are found under ``<root>/sys/class/infiniband``; none -> one ``skipped: no RDMA
+Port state comes from pyverbs (``Context(name=...).query_port(n).state``), read once at start
+into the capability report. Async events do not: pyverbs (rdma-core 44) lacks two things the
+agent needs, so that one path stays on libibverbs through ctypes:
+
+* ``pyverbs.device.Context`` exposes ``cmd_fd`` but not ``async_fd``: the event fd cannot be
+  made non-blocking and watched by the agent's loop (``Context.get_async_event()`` blocks in
+  ``ibv_get_async_event``, and a thread blocked there cannot be stopped within the agent's
+  bounded shutdown);
+* ``pyverbs.device.AsyncEvent`` exposes ``event_type`` only, not ``element.port_num``: a
+  PORT_ERR on a dual-port HCA could not say which port (which NIC) went down.
+
+So: one ``ibv_context`` per device through ctypes (``ibv_open_device``; ctypes releases the
+GIL), its ``async_fd`` made non-blocking and watched with ``loop.add_reader``; each readable
+event is read with ``ibv_get_async_event``, acknowledged, decoded by the pure
+:func:`decode_async_event` and emitted. Devices are found under
+``<root>/sys/class/infiniband`` (only ``devices`` when given); none -> one ``skipped: no RDMA
 devices`` record.
 """
 
@@ -16,6 +27,7 @@ import fcntl
 import os
 import struct
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,11 +146,58 @@ class Verbs:
         self.lib.ibv_close_device(dev.ctx)
 
 
+PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+
+PortReader = Callable[[str, Sequence[int]], dict[int, str]]
+
+
+def list_ports(root: str, device: str) -> list[int]:
+    """The device's port numbers from ``<root>/sys/class/infiniband/<dev>/ports``."""
+    base = Path(root) / "sys/class/infiniband" / device / "ports"
+    try:
+        return sorted(int(p.name) for p in base.iterdir() if p.name.isdigit())
+    except OSError:
+        return []
+
+
+def pyverbs_port_states(device: str, ports: Sequence[int]) -> dict[int, str]:
+    """Each port's state (``ibv_query_port``) through pyverbs; VerbsError when pyverbs is
+    missing or the device cannot be opened."""
+    try:
+        from pyverbs.device import Context
+    except ImportError as e:
+        raise VerbsError(f"pyverbs: {e} (Debian: python3-pyverbs)") from e
+    try:
+        ctx = Context(name=device)
+    except Exception as e:  # PyverbsRDMAError and friends
+        raise VerbsError(f"pyverbs Context({device}): {e}") from e
+    try:
+        out = {}
+        for p in ports:
+            state = int(ctx.query_port(p).state)
+            out[p] = PORT_STATES.get(state, str(state))
+        return out
+    except Exception as e:
+        raise VerbsError(f"pyverbs query_port({device}): {e}") from e
+    finally:
+        ctx.close()
+
+
 class VerbsSource:
-    def __init__(self, root: str = "/", name: str = "verbs", verbs: Verbs | None = None) -> None:
+    def __init__(
+        self,
+        root: str = "/",
+        name: str = "verbs",
+        verbs: Verbs | None = None,
+        *,
+        devices: Sequence[str] | None = None,
+        port_states: PortReader | None = pyverbs_port_states,
+    ) -> None:
         self._name = name
         self.root = root
+        self.devices = None if devices is None else sorted(set(devices))
         self._verbs = verbs
+        self._port_states = port_states
         self._devs: list[_Dev] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -146,8 +205,21 @@ class VerbsSource:
     def name(self) -> str:
         return self._name
 
+    def _ports(self, dev: str) -> str:
+        """``port 1 ACTIVE`` for the capability report (pyverbs); why not, when it fails."""
+        if self._port_states is None:
+            return ""
+        ports = list_ports(self.root, dev) or [1]
+        try:
+            states = self._port_states(dev, ports)
+        except VerbsError as e:
+            return f"; port state unknown ({e})"
+        return "; " + ", ".join(f"port {p} {st}" for p, st in sorted(states.items()))
+
     async def start(self, emit: Emit) -> list[Capability]:
         names = list_devices(self.root)
+        if self.devices is not None:
+            names = [n for n in names if n in self.devices]
         if not names:
             return [skipped(self.name, "async_events", Reason.NO_RDMA_DEVICES)]
         try:
@@ -161,7 +233,9 @@ class VerbsSource:
         caps = []
         for d in self._devs:
             loop.add_reader(d.afd, self._readable, d, emit)
-            caps.append(attached(self.name, d.name, "verbs", f"async_fd {d.afd}"))
+            caps.append(
+                attached(self.name, d.name, "verbs", f"async_fd {d.afd}{self._ports(d.name)}")
+            )
         for n, why in failed.items():
             caps.append(skipped(self.name, n, Reason.NOT_AVAILABLE, why))
         for n in names:

@@ -45,14 +45,15 @@ from railhop.tracing.export import (
     OtlpJsonFileSink,
     TraceSink,
     exporter_names,
+    resource_attributes,
+    sampler_from_env,
     sinks_from_env,
 )
 from railhop.tracing.otlp import (
     K8S_ENV,
+    default_resource_attributes,
     otlp_json,
-    parse_resource_env,
     read_otlp_json,
-    resource_attributes,
     write_otlp_json,
 )
 from railhop.tracing.spans import (
@@ -98,13 +99,14 @@ __all__ = [
     "StateChange",
     "TraceSink",
     "TracingError",
+    "default_resource_attributes",
     "epoch_offset_ns",
     "errno_name",
     "exporter_names",
     "otlp_json",
-    "parse_resource_env",
     "read_otlp_json",
     "resource_attributes",
+    "sampler_from_env",
     "sinks_from_env",
     "write_otlp_json",
 ]

@@ -7,7 +7,7 @@ construction. The span tree it builds is described in :mod:`railhop.tracing`.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from railhop.control.events import EventType, LaneEvent
@@ -109,6 +109,8 @@ class AssemblerConfig:
     max_open_s: float = 3600.0  # a failover open this long is closed (outcome "open")
     max_failovers: int = 256  # open failovers kept (oldest closed beyond)
     max_conns: int = 4096  # connections tracked per failover
+    # NIC -> hw.id (unique on the host: the PCI address); a NIC not listed: its name
+    hw_ids: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +226,16 @@ class FailoverAssembler:
             status_message=message,
         )
 
+    def _hw(self, nic: str, state: str) -> Attrs:
+        """The ``hw.*`` attributes of a NIC (hardware semantic conventions: ``hw.id`` is
+        required with the others; ``hw.name`` is the interface)."""
+        return {
+            "hw.id": self.config.hw_ids.get(nic) or nic,
+            "hw.name": nic,
+            "hw.type": "network",
+            "hw.state": state,
+        }
+
     def _recent(self, nic: str, now_ns: int) -> list[Signal]:
         horizon = now_ns - int(self.config.signal_window_s * 1e9)
         kept = [s for s in self._signals.get(nic, []) if s.t_ns >= horizon]
@@ -266,8 +278,7 @@ class FailoverAssembler:
             "railhop.detection.agent_delay_ms": (
                 max(0, last.handled_ns - last.t_ns) / 1e6 if last else 0.0
             ),
-            "hw.type": "network",
-            "hw.state": "failed",
+            **self._hw(fo.nic, "failed"),
             "error.type": fo.error_type,
         }
         if first is not None and (first.signal, first.source) != (fo.cause, fo.source):
@@ -661,8 +672,7 @@ class FailoverAssembler:
                     fo.failback_start_ns,
                     end,
                     {
-                        "hw.type": "network",
-                        "hw.state": "ok",
+                        **self._hw(fo.nic, "ok"),
                         "railhop.failback.connections": back,
                         "railhop.failback.flaps": fo.flaps,
                     },
@@ -673,8 +683,7 @@ class FailoverAssembler:
         ok = outcome == "failed_back"
         attrs = {
             "network.interface.name": fo.nic,
-            "hw.type": "network",
-            "hw.state": "ok" if ok else ("failed" if fo.health_down else "degraded"),
+            **self._hw(fo.nic, "ok" if ok else ("failed" if fo.health_down else "degraded")),
             "error.type": fo.error_type,
             "railhop.failover.cause": fo.cause,
             "railhop.failover.source": fo.source,

@@ -27,7 +27,7 @@ from railhop.tracing.assembler import (
     StateChange,
 )
 from railhop.tracing.health import ExportHealth, TrackedExporter, throttle_sdk_logs
-from railhop.tracing.otlp import otlp_json, resource_attributes
+from railhop.tracing.otlp import default_resource_attributes, otlp_json
 from railhop.tracing.spans import SCOPE_NAME, SpanDesc, TracingError, epoch_offset_ns
 
 log = logging.getLogger("railhop.tracing")
@@ -70,10 +70,61 @@ class OtlpJsonFileSink:
         return None
 
 
-class OtelSink:
-    """Feeds span descriptions to SDK span processors (``BatchSpanProcessor`` per exporter)."""
+def resource_attributes(
+    env: Mapping[str, str], hostname: str, pid: int
+) -> dict[str, str | int | float | bool]:
+    """The agent's resource, built by the SDK's ``Resource.create()``: railhop's defaults
+    (:func:`railhop.tracing.otlp.default_resource_attributes`, from ``env``), then what the
+    SDK's environment detector reads from the process environment as the specification says
+    (``OTEL_RESOURCE_ATTRIBUTES``, percent-decoded; ``OTEL_SERVICE_NAME`` above it), plus the
+    SDK's ``telemetry.sdk.*``. A variable always beats a default."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-    def __init__(self, processors: Sequence[Any], resource_attrs: Mapping[str, object]) -> None:
+    from_env = OTELResourceDetector().detect().attributes
+    attrs = {**default_resource_attributes(env, hostname, pid), **from_env}
+    res = Resource.create(attrs)
+    return {k: v for k, v in res.attributes.items() if isinstance(v, str | int | float | bool)}
+
+
+def sampler_from_env() -> Any:
+    """The sampler ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` name (the SDK parses
+    them; default ``parentbased_always_on``). TracingError for an unknown name."""
+    import warnings
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip()
+    with warnings.catch_warnings(record=True):
+        sampler = TracerProvider(shutdown_on_exit=False).sampler
+    known = {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    }
+    if name and name.lower() not in known:
+        raise TracingError(
+            f"OTEL_TRACES_SAMPLER={name!r}: supported are {', '.join(sorted(known))}"
+        )
+    return sampler
+
+
+class OtelSink:
+    """Feeds span descriptions to SDK span processors (``BatchSpanProcessor`` per exporter).
+
+    Spans are built here, not by an SDK tracer, so the sampler is applied here: each span is
+    kept when ``sampler`` samples its trace as a root (``parent_context=None``): with the
+    standard samplers every span of one failover gets the same decision (trace-id ratio is
+    a function of the trace id)."""
+
+    def __init__(
+        self,
+        processors: Sequence[Any],
+        resource_attrs: Mapping[str, object],
+        sampler: Any = None,
+    ) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -82,7 +133,17 @@ class OtelSink:
         self.processors = list(processors)
         self.resource = Resource(dict(resource_attrs))  # type: ignore[arg-type]
         self.scope = InstrumentationScope(SCOPE_NAME, __version__)
+        self.sampler = sampler
         self.errors = 0
+        self.dropped_by_sampler = 0
+
+    def _sampled(self, s: SpanDesc) -> bool:
+        if self.sampler is None:
+            return True
+        from opentelemetry.sdk.trace.sampling import Decision as SamplingDecision
+
+        r = self.sampler.should_sample(None, s.trace_id, s.name)
+        return bool(r.decision == SamplingDecision.RECORD_AND_SAMPLE)
 
     def _readable(self, s: SpanDesc) -> Any:
         from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -112,6 +173,9 @@ class OtelSink:
     def emit(self, spans: Sequence[SpanDesc]) -> None:
         for s in spans:
             try:
+                if not self._sampled(s):
+                    self.dropped_by_sampler += 1
+                    continue
                 rs = self._readable(s)
             except Exception as e:  # a bad span must not reach the loop
                 self.errors += 1
@@ -150,10 +214,15 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
         or "http/protobuf"
     ).strip()
     if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError as e:
+            raise TracingError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: install "
+                f"railhop[grpc] (opentelemetry-exporter-otlp-proto-grpc); {e}"
+            ) from e
         return GrpcExporter()
     if proto == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -191,9 +260,11 @@ def sinks_from_env(
     trace_file: Path | str | None = None,
     hostname: str | None = None,
     health: list[ExportHealth] | None = None,
-) -> tuple[list[TraceSink], dict[str, str | int]]:
+) -> tuple[list[TraceSink], dict[str, str | int | float | bool]]:
     """The sinks the standard variables ask for (plus an OTLP/JSON file when ``trace_file`` is
-    given) and the resource attributes. TracingError for a bad configuration. Each OTLP
+    given) and the resource attributes (:func:`resource_attributes`); the OTLP sink samples as
+    ``OTEL_TRACES_SAMPLER`` says, the file keeps every span. TracingError for a bad
+    configuration. Each OTLP
     exporter is wrapped to record its results: one :class:`ExportHealth` per exporter is
     appended to ``health``; the SDK's failure messages are throttled (once, then once a
     minute)."""
@@ -217,7 +288,7 @@ def sinks_from_env(
                 tracked: Any = TrackedExporter(_otlp_exporter(env), h)  # duck-types SpanExporter
                 processors.append(BatchSpanProcessor(tracked))
         if processors:
-            sinks.append(OtelSink(processors, resource))
+            sinks.append(OtelSink(processors, resource, sampler_from_env()))
     if trace_file is not None:
         sinks.append(OtlpJsonFileSink(trace_file, resource))
     return sinks, resource

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import tempfile
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,19 +27,13 @@ K8S_ENV: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def parse_resource_env(value: str) -> dict[str, str]:
-    """``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k2=v2``, percent-encoded); bad items are skipped."""
-    out: dict[str, str] = {}
-    for item in value.split(","):
-        k, sep, v = item.partition("=")
-        if sep and k.strip():
-            out[urllib.parse.unquote(k.strip())] = urllib.parse.unquote(v.strip())
-    return out
-
-
-def resource_attributes(env: Mapping[str, str], hostname: str, pid: int) -> dict[str, str | int]:
-    """The agent's resource: ``service.*``, ``host.name``, ``process.pid``, ``k8s.*`` from the
-    downward-API variables; ``OTEL_RESOURCE_ATTRIBUTES`` then ``OTEL_SERVICE_NAME`` override."""
+def default_resource_attributes(
+    env: Mapping[str, str], hostname: str, pid: int
+) -> dict[str, str | int]:
+    """railhop's own defaults for the resource: ``service.*``, ``host.name``, ``process.pid``
+    and ``k8s.*`` from the downward-API variables. The standard variables
+    (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``) override these; the SDK applies them
+    (``railhop.tracing.export.resource_attributes``)."""
     from railhop import __version__
 
     attrs: dict[str, str | int] = {
@@ -54,9 +47,6 @@ def resource_attributes(env: Mapping[str, str], hostname: str, pid: int) -> dict
             if env.get(n):
                 attrs[key] = env[n]
                 break
-    attrs.update(parse_resource_env(env.get("OTEL_RESOURCE_ATTRIBUTES", "")))
-    if env.get("OTEL_SERVICE_NAME"):
-        attrs["service.name"] = env["OTEL_SERVICE_NAME"]
     return attrs
 
 

@@ -239,6 +239,9 @@ int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h)
  * each connection's lock in turn; the caller drops each reference. */
 #define RH_SNAPSHOT_MAX 1024
 int rh_registry_snapshot(struct rh_conn **list);
+/* The registry (caller holds rh_g.mu): add a connection; find one by id and direction. */
+void rh_registry_add(struct rh_conn *c);
+struct rh_conn *rh_registry_find(uint64_t id, bool is_send);
 /* The ticker's pass: failure detection on every connection, closed ones dropped. */
 void rh_registry_tick(uint64_t now_ms);
 

@@ -2,7 +2,7 @@
 /*
  * Process-wide setup and connection establishment: the plugin's lifecycle (start at the first
  * init, stop when nobody uses it any more), devices, listen, the resumable connect/accept
- * state machines, lane handshakes, close.
+ * state machines, close, and the connection registry. The lane handshakes are in handshake.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -296,7 +296,7 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 	return 0;
 }
 
-static void registry_add(struct rh_conn *c)
+void rh_registry_add(struct rh_conn *c)
 {
 	c->gnext = rh_g.conns;
 	rh_g.conns = c;
@@ -327,7 +327,7 @@ int rh_registry_snapshot(struct rh_conn **list)
 	return n;
 }
 
-static struct rh_conn *registry_find(uint64_t id, bool is_send)
+struct rh_conn *rh_registry_find(uint64_t id, bool is_send)
 {
 	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
 		if (c->id == id && c->is_send == is_send) {
@@ -412,7 +412,7 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		c->t_connect_deadline_ms = rh_now_ms() + 30000;
 		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
-		registry_add(c);
+		rh_registry_add(c);
 		rc = rh_conn_start_connect(c);
 		pthread_mutex_unlock(&c->mu);
 		if (rc < 0) {
@@ -555,7 +555,7 @@ static void close_conn(struct rh_conn *c)
 		rh_conn_queue_bye(c);
 		c->fo.t_close_ms = rh_now_ms() + 100;
 		rh_conn_get(c);
-		registry_add(c); /* kept for the ticker; closed conns are not found by hellos */
+		rh_registry_add(c); /* kept for the ticker; closed conns are not found by hellos */
 	} else {
 		for (int i = 0; i < c->nlanes; i++) {
 			rh_conn_fence_lane(c, c->lanes[i]);
@@ -636,375 +636,6 @@ int rh_close_listen(void *listen_comm)
 	free(l);
 	release();
 	return 0;
-}
-
-/* --- transport callbacks: handshakes and lane state --- */
-
-static void set_remote_table(struct rh_conn *c, const struct rh_hello *h)
-{
-	c->nrnics = h->nnics;
-	for (int i = 0; i < h->nnics; i++) {
-		c->rnics[i] = h->nics[i];
-	}
-}
-
-/* A refused hello is logged at most once a second (a stranger can send many). */
-static void refuse(const struct rh_hdr *hdr, const struct rh_hello *h, const char *why)
-{
-	static uint64_t last_ms;
-	static unsigned quiet;
-	uint64_t now = rh_now_ms();
-
-	if (now - __atomic_load_n(&last_ms, __ATOMIC_RELAXED) < 1000) {
-		__atomic_add_fetch(&quiet, 1, __ATOMIC_RELAXED);
-		return;
-	}
-	__atomic_store_n(&last_ms, now, __ATOMIC_RELAXED);
-	WARN("refused a %s hello naming conn %016llx lane %u: %s (%u more refused in the last "
-	     "second)",
-	     h->kind == RH_HELLO_CONN ? "connection" : "lane", (unsigned long long)hdr->conn_id,
-	     h->lane_id, why, __atomic_exchange_n(&quiet, 0, __ATOMIC_RELAXED));
-}
-
-static bool listen_seen(const struct rh_listen *ls, uint64_t id)
-{
-	for (unsigned i = 0; i < RH_LISTEN_SEEN && i < ls->nseen; i++) {
-		if (ls->seen[i] == id) {
-			return true;
-		}
-	}
-	return false;
-}
-
-/* Lane ids of one side share a parity and only grow; streams of one lane repeat its id. */
-static bool peer_lane_fresh(const struct rh_conn *c, uint32_t id)
-{
-	uint32_t k = id >> 1;
-
-	if (!c->peer_lane_any || k > c->peer_lane_max) {
-		return true;
-	}
-	return c->peer_lane_max - k < 64 && !(c->peer_lane_seen & (1ull << (c->peer_lane_max - k)));
-}
-
-static void peer_lane_mark(struct rh_conn *c, uint32_t id)
-{
-	uint32_t k = id >> 1;
-
-	if (!c->peer_lane_any) {
-		c->peer_lane_any = true;
-		c->peer_lane_max = k;
-		c->peer_lane_seen = 1;
-	} else if (k > c->peer_lane_max) {
-		uint32_t d = k - c->peer_lane_max;
-
-		c->peer_lane_seen = (d >= 64 ? 0 : c->peer_lane_seen << d) | 1;
-		c->peer_lane_max = k;
-	} else {
-		c->peer_lane_seen |= 1ull << (c->peer_lane_max - k);
-	}
-}
-
-static int lane_slot(const struct rh_conn *c, const struct rh_lane *l)
-{
-	for (int i = 0; i < c->nlanes; i++) {
-		if (c->lanes[i] == l) {
-			return i;
-		}
-	}
-	return -1;
-}
-
-/* Sign the hello that opens lane l (conn.c calls this from rh_conn_open_lane). */
-int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h)
-{
-	int slot = lane_slot(c, l), rc;
-
-	if (slot < 0) {
-		return -EINVAL;
-	}
-	if (h->kind == RH_HELLO_CONN) {
-		memcpy(c->lane_nonce[slot], c->conn_nonce[0], RH_NONCE_LEN);
-	} else if ((rc = rh_auth_random(c->lane_nonce[slot], RH_NONCE_LEN)) < 0) {
-		return rc;
-	}
-	memcpy(h->nonce, c->lane_nonce[slot], RH_NONCE_LEN);
-	if (h->kind == RH_HELLO_CONN) {
-		return rh_auth_sign(c->key, h, false, c->id, c->epoch, NULL, NULL);
-	}
-	if (!c->have_nonces) {
-		return -EAGAIN;
-	}
-	return rh_auth_sign(c->key, h, false, c->id, c->epoch, c->conn_nonce[0], c->conn_nonce[1]);
-}
-
-/* An incoming HELLO_CONN: the connection it names (created on its first proven hello). */
-static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hello *h)
-{
-	struct rh_listen *ls;
-	struct rh_conn *c;
-
-	for (ls = rh_g.listens; ls; ls = ls->next) {
-		if (ls->id == h->listen_id) {
-			break;
-		}
-	}
-	if (!ls) {
-		refuse(hdr, h, "no such listener");
-		return NULL;
-	}
-	if (!rh_auth_verify(ls->secret, h, false, hdr->conn_id, hdr->epoch, NULL, NULL)) {
-		refuse(hdr, h, "no proof of the connection secret");
-		return NULL;
-	}
-	c = registry_find(hdr->conn_id, false);
-	if (c) {
-		if (c->listen != ls || !rh_auth_equal(c->conn_nonce[0], h->nonce, RH_NONCE_LEN)) {
-			refuse(hdr, h, "another connection's hello");
-			return NULL;
-		}
-		/* another stream, or a retried first lane (the connector may pick another pair):
-		 * its NIC indices index our tables too */
-		if (h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
-		    h->src_nic >= c->nrnics) {
-			refuse(hdr, h, "bad NIC index");
-			return NULL;
-		}
-		return c;
-	}
-	if (listen_seen(ls, hdr->conn_id)) {
-		refuse(hdr, h, "replay of a finished connection's hello");
-		return NULL;
-	}
-	if (h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
-	    h->src_nic >= h->nnics || h->chunk < 4096 || h->chunk > (64u << 20) ||
-	    !rh_epoch_ok(1, hdr->epoch)) {
-		refuse(hdr, h, "bad NIC index, chunk size or epoch");
-		return NULL;
-	}
-	c = rh_conn_new(false);
-	if (!c) {
-		return NULL;
-	}
-	c->id = hdr->conn_id;
-	c->listen = ls;
-	c->dev = ls->dev;
-	c->lnic_orig = h->dst_nic;
-	c->rnic_orig = h->src_nic;
-	c->chunk = h->chunk;
-	memcpy(c->key, ls->secret, RH_SECRET_LEN);
-	memcpy(c->conn_nonce[0], h->nonce, RH_NONCE_LEN);
-	if (rh_auth_random(c->conn_nonce[1], RH_NONCE_LEN) < 0) {
-		rh_core_conn_put(c);
-		return NULL;
-	}
-	c->have_nonces = true;
-	set_remote_table(c, h);
-	registry_add(c);
-	return c;
-}
-
-struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h,
-			      struct rh_hello *reply)
-{
-	struct rh_conn *c = NULL;
-	struct rh_lane *l = NULL;
-
-	pthread_mutex_lock(&rh_g.mu);
-	if (h->kind == RH_HELLO_CONN) {
-		c = hello_conn(hdr, h);
-		if (!c) {
-			goto out;
-		}
-	} else if (h->kind == RH_HELLO_LANE) {
-		c = registry_find(hdr->conn_id, !h->from_sender);
-		if (!c || !c->have_nonces) {
-			refuse(hdr, h, "no such connection");
-			c = NULL;
-			goto out;
-		}
-		if (!rh_auth_verify(c->key, h, false, hdr->conn_id, hdr->epoch, c->conn_nonce[0],
-				    c->conn_nonce[1])) {
-			refuse(hdr, h, "no proof of the connection secret");
-			c = NULL;
-			goto out;
-		}
-		if (h->dst_nic < 0 || h->dst_nic >= rh_g.nnics || h->src_nic < 0 ||
-		    h->src_nic >= c->nrnics) {
-			c = NULL;
-			goto out;
-		}
-	} else {
-		goto out;
-	}
-	pthread_mutex_lock(&c->mu);
-	if (atomic_load(&c->closed) || c->err) {
-		pthread_mutex_unlock(&c->mu);
-		goto out;
-	}
-	if (!rh_epoch_ok(c->epoch, hdr->epoch)) {
-		refuse(hdr, h, "epoch out of bounds");
-		pthread_mutex_unlock(&c->mu);
-		goto out;
-	}
-	for (int i = 0; i < c->nlanes; i++) {
-		if (c->lanes[i]->id == h->lane_id && c->lanes[i]->state == RH_LANE_OPENING &&
-		    !c->lanes[i]->opener) {
-			l = c->lanes[i];
-		}
-	}
-	if (!l && !peer_lane_fresh(c, h->lane_id)) {
-		refuse(hdr, h, "lane id already used (a replayed hello)");
-	} else if (!l) {
-		l = rh_conn_add_lane(c, h->lane_id, h->dst_nic, h->src_nic, h->nstreams, false);
-		if (l) {
-			peer_lane_mark(c, h->lane_id);
-			/* Primary means the connection's original pair (our own record, from the
-			 * founding hello). An extra lane on that pair takes the role only when no
-			 * live lane has it (the peer's fail-back), never beside the real one. */
-			for (int i = 0; i < c->nlanes && l->primary && h->kind == RH_HELLO_LANE;
-			     i++) {
-				struct rh_lane *o = c->lanes[i];
-
-				if (o != l && o->primary && o->state != RH_LANE_DEAD) {
-					l->primary = false;
-				}
-			}
-			l->t_deadline_ms = rh_now_ms() + (h->kind == RH_HELLO_CONN ? 2000 : 200) +
-					   2 * (uint64_t)rh_param.PROBE_TIMEOUT;
-		}
-	}
-	if (l) {
-		rh_conn_epoch_take(c, hdr->epoch);
-		rh_conn_get(c);
-		rh_conn_local_hello(c, reply);
-		reply->kind = h->kind;
-		reply->lane_id = h->lane_id;
-		reply->nstreams = h->nstreams;
-		reply->stream = h->stream;
-		reply->src_nic = h->dst_nic;
-		reply->dst_nic = h->src_nic;
-		if (h->kind == RH_HELLO_CONN) {
-			memcpy(reply->nonce, c->conn_nonce[1], RH_NONCE_LEN);
-		}
-		if (rh_auth_sign(c->key, reply, true, c->id, 0, h->nonce, NULL) < 0) {
-			memset(reply->mac, 0, sizeof(reply->mac)); /* the opener refuses it */
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-out:
-	pthread_mutex_unlock(&rh_g.mu);
-	return l;
-}
-
-/* The opener's side: the reply must prove the secret too, and answer our nonce. */
-static const char *check_reply(struct rh_conn *c, struct rh_lane *l, const struct rh_hello *r)
-{
-	int slot = lane_slot(c, l);
-
-	if (slot < 0 || !rh_auth_verify(c->key, r, true, c->id, 0, c->lane_nonce[slot], NULL)) {
-		return "the peer's reply does not prove the connection secret";
-	}
-	if (r->kind == RH_HELLO_CONN) {
-		if (!c->have_nonces) {
-			memcpy(c->conn_nonce[1], r->nonce, RH_NONCE_LEN);
-			c->have_nonces = true;
-		} else if (!rh_auth_equal(c->conn_nonce[1], r->nonce, RH_NONCE_LEN)) {
-			return "the peer's reply names another connection";
-		}
-	}
-	return NULL;
-}
-
-void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
-{
-	struct rh_conn *c = l->conn;
-	bool push = false;
-
-	pthread_mutex_lock(&rh_g.mu);
-	pthread_mutex_lock(&c->mu);
-	if (l->state != RH_LANE_OPENING) {
-		goto out;
-	}
-	if (reply) {
-		const char *why = check_reply(c, l, reply);
-
-		if (why) {
-			rh_fo_lane_failed(c, l, -EACCES, why);
-			goto out;
-		}
-		/* The acceptor's full NIC table (the handle has at most RH_HANDLE_NICS): taken
-		 * from the reply that founds the connection only, never from a later lane. */
-		if (!c->ready && reply->kind == RH_HELLO_CONN && reply->nnics) {
-			set_remote_table(c, reply);
-		}
-	}
-	if (++l->nready < l->nstreams) {
-		goto out;
-	}
-	l->state = RH_LANE_ACTIVE;
-	RH_PROBE4(lane_up, c->id, l->id, l->lnic, l->rnic);
-	rh_conn_lane_event(c, l, RH_EVT_LANE_UP, 0, 0, 0);
-	INFO("conn %016llx (%s): lane %u up %s -> peer NIC %d%s", (unsigned long long)c->id,
-	     c->is_send ? "send" : "recv", l->id, rh_g.nics[l->lnic].ifname, l->rnic,
-	     l->primary ? " (primary)" : "");
-	if (!c->ready) {
-		c->ready = true;
-		rh_conn_pick_ctrl_lane(c);
-		push = !c->is_send && c->listen;
-		if (!c->is_send && !c->listen) {
-			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
-		}
-	} else {
-		rh_fo_lane_up(c, l);
-	}
-	if (push) {
-		struct rh_listen *ls = c->listen;
-
-		ls->seen[ls->nseen++ % RH_LISTEN_SEEN] = c->id;
-		if (ls->ready_tail) {
-			ls->ready_tail->lnext = c;
-		} else {
-			ls->ready_head = c;
-		}
-		ls->ready_tail = c;
-	}
-out:
-	pthread_mutex_unlock(&c->mu);
-	pthread_mutex_unlock(&rh_g.mu);
-}
-
-void rh_core_lane_error(struct rh_lane *l, int err)
-{
-	struct rh_conn *c = l->conn;
-
-	pthread_mutex_lock(&c->mu);
-	if (l->state != RH_LANE_DEAD) {
-		rh_fo_lane_failed(c, l, err, "transport error");
-	}
-	pthread_mutex_unlock(&c->mu);
-}
-
-void rh_core_stream_eof(struct rh_lane *l)
-{
-	struct rh_conn *c = l->conn;
-
-	pthread_mutex_lock(&c->mu);
-	if (l->state != RH_LANE_DEAD && ++l->neof >= l->nstreams) {
-		if (c->peer_closed || (l->state == RH_LANE_DRAINING && l->bye_sent)) {
-			rh_conn_fence_lane(c, l);
-		} else {
-			rh_fo_lane_failed(c, l, -ECONNRESET, "peer closed the lane");
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-}
-
-void rh_core_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
-{
-	pthread_mutex_lock(&c->mu);
-	rh_fo_probe_done(c, cookie, ok);
-	pthread_mutex_unlock(&c->mu);
 }
 
 /* --- the ticker's sweep over the connections (core/health.c runs it every 20 ms) --- */
