@@ -21,7 +21,9 @@ States (``NicState``)::
   distinct sources reported within ``suspect_window_s``, or a kernel signal (TCP trouble on a
   lane socket, a counter breach) or one of the agent's own probes failed within that window.
   Otherwise it makes the NIC SUSPECT only (the reporting process has already moved its own
-  connections off the lane). Signals without a source (the agent's own) need no corroboration.
+  connections off the lane); a kernel signal or failed probe that comes later within the window
+  still corroborates it (the order of the two does not matter). Signals without a source (the
+  agent's own) need no corroboration.
 * Flap damping: every entry into DOWN counts a flap; the NIC may return to UP only after a
   hold-off of ``holdoff_initial_s * multiplier**(flaps-1)`` (capped at ``holdoff_max_s``, so it
   never gives up). Flaps are forgotten after ``flap_reset_s`` of continuous UP.
@@ -276,6 +278,7 @@ class NicHealth:
     stable_since: float | None = None  # last entry into UP
     reporters: tuple[tuple[float, str], ...] = ()  # recent lane signals: (time, source)
     kernel_bad: float | None = None  # last kernel signal or failed agent probe
+    held: tuple[float, str] | None = None  # last lane signal held back uncorroborated (t, kind)
 
 
 @dataclass(frozen=True)
@@ -392,9 +395,17 @@ def _soft(h: NicHealth, ev: Event, t: float, p: HealthParams) -> NicHealth:
     if not corroborated:
         # one reporter alone: suspicion, never DOWN (its own connections already moved)
         desc = f"{desc} (uncorroborated)"
+        h = replace(h, held=(t, ev.kind))
         if h.state is NicState.UP:
             return _enter(h, NicState.SUSPECT, t, desc, last_bad=t)
         return replace(h, last_bad=t)
+    if h.held is not None and not getattr(ev, "source", ""):
+        # corroboration works in either order: a kernel signal (or failed agent probe) after
+        # a lane signal held back within the window decides for that lane signal
+        t0, kind = h.held
+        h = replace(h, held=None)
+        if t - t0 < p.suspect_window_s and kind in p.down_on and h.state is not NicState.RECOVERING:
+            return _go_down(h, t, f"{kind.replace('_', ' ')} corroborated by {desc}", p)
     if h.state is NicState.RECOVERING:
         return _go_down(h, t, f"{desc} while recovering", p)
     if ev.kind in p.down_on:

@@ -19,8 +19,13 @@ import click
 )
 @click.option("--rate-mbit", type=click.IntRange(10, 100000), default=200, show_default=True)
 @click.option("--quick", is_flag=True, help="Shorter phases (a smoke run).")
-def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool) -> None:
+@click.option(
+    "--no-ebpf",
+    is_flag=True,
+    help="Agents with the netlink source only (no bcc compile); the blackhole then stays SUSPECT.",
+)
+def demo_cmd(out_dir: Path, rate_mbit: int, quick: bool, no_ebpf: bool) -> None:
     """Failover demo on an emulated 2-node, 4-NIC fabric (needs root)."""
     from railhop_lab.demo import run_demo
 
-    raise SystemExit(run_demo(out_dir, rate_mbit=rate_mbit, quick=quick))
+    raise SystemExit(run_demo(out_dir, rate_mbit=rate_mbit, quick=quick, no_ebpf=no_ebpf))

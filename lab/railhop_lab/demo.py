@@ -1,10 +1,17 @@
 """``railhop demo``: plugin traffic across the emulated fabric through a walk of NIC faults.
 
 Builds the two-node, four-NIC fabric with a ``tbf`` ceiling per NIC, starts one railhop agent
-inside each node's network namespace (netlink source, control plane in its own run directory,
-failover traces to a file), runs the harness (node 0 sends to node 1 through the plugin's
+inside each node's network namespace (netlink and eBPF carrier/TCP lane sources, control plane in
+its own run directory, failover traces to a file), waits (bounded, with progress) until the eBPF
+sources have attached, runs the harness (node 0 sends to node 1 through the plugin's
 ncclNet API, every byte checked; each node's plugin talks to its node's agent) and walks:
 healthy -> silent blackhole on nic1 -> carrier loss on nic2 -> heal both, with a live line.
+
+A lane timeout from one process takes a NIC DOWN only when corroborated; in the demo (one
+harness process per node) the corroboration of the blackhole is the eBPF TCP source's signal on
+the lane's sockets. Where eBPF cannot attach (or with ``no_ebpf``) the agents run netlink-only,
+the demo says so, and the blackhole leaves nic1 SUSPECT (the plugin still moves its own
+connections).
 
 At the end a table gives, per fault: what detected it and how long it took (from the agents'
 ``railhop.detection`` spans, never guessed), the time to resume (harness progress), bandwidth
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -330,12 +338,19 @@ from railhop import daemon
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(asctime)s %(name)s %(levelname)s %(message)s")
 cfg = daemon.AgentConfig(
-    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"), sources=("netlink",),
+    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"),
+    sources=tuple(x for x in sys.argv[5].split(",") if x),
     trace_file=Path(sys.argv[2]), metrics_port=int(sys.argv[3]), metrics_addr="127.0.0.1",
-    heartbeat_ms=100, duration_s=float(sys.argv[4]))
+    heartbeat_ms=100, duration_s=float(sys.argv[4]), ebpf_start_timeout_s=float(sys.argv[6]))
 sys.exit(daemon.run_agent(cfg))
 """
 METRICS_PORT = 9464
+# the agents' sources: netlink (carrier) and the eBPF carrier and TCP lane probes; the TCP
+# probe's signal on the blackholed lane's sockets is the kernel evidence that corroborates one
+# process's lane timeout (without it the blackhole leaves the NIC SUSPECT)
+AGENT_SOURCES = ("netlink", "ebpf")
+EBPF_SOURCES = ("ebpf.carrier", "ebpf.tcp")
+EBPF_START_TIMEOUT_S = 90.0  # per source, in the agent (trial child + bcc compile)
 
 
 @dataclass
@@ -401,9 +416,17 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def start_agent(
-    fab: Fabric, node: int, run_dir: Path, trace_file: Path, log: Path, lifetime_s: float
+    fab: Fabric,
+    node: int,
+    run_dir: Path,
+    trace_file: Path,
+    log: Path,
+    lifetime_s: float,
+    sources: Sequence[str] = AGENT_SOURCES,
+    ebpf_timeout_s: float = EBPF_START_TIMEOUT_S,
 ) -> AgentProc:
-    """One agent inside node ``node``'s netns (its netlink source sees that node's NICs)."""
+    """One agent inside node ``node``'s netns (its netlink and eBPF sources see that node's
+    NICs and sockets); each eBPF source gets ``ebpf_timeout_s`` to start."""
     run_dir.mkdir(parents=True, exist_ok=True)
     pkg_root = str(Path(__file__).resolve().parents[1])
     pp = os.environ.get("PYTHONPATH")
@@ -422,6 +445,8 @@ def start_agent(
         str(trace_file),
         str(METRICS_PORT),
         f"{lifetime_s:g}",
+        ",".join(sources),
+        f"{ebpf_timeout_s:g}",
     ]
     with log.open("w") as err:
         proc = fab.popen(node, argv, env, stdout=subprocess.DEVNULL, stderr=err)
@@ -433,16 +458,121 @@ def wait_agents_ready(fab: Fabric, agents: Sequence[AgentProc], timeout: float) 
     deadline = time.monotonic() + timeout
     for a in agents:
         while True:
-            if a.proc.poll() is not None:
-                raise DemoError(
-                    f"the agent of node {a.node} exited ({a.proc.returncode}): " + _tail_text(a.log)
-                )
+            _check_alive(a)
             with contextlib.suppress(OSError):
                 if scrape(fab, a.node).get('railhop_sources{source="netlink"}') == 1:
                     break
             if time.monotonic() > deadline:
                 raise DemoError(f"the agent of node {a.node} not ready in {timeout:g} s")
             time.sleep(0.2)
+
+
+EBPF_WAIT_S = 2 * EBPF_START_TIMEOUT_S + 10.0  # the agents start their eBPF sources in turn
+NETLINK_ONLY_SHORT = (
+    "a silent blackhole stays SUSPECT: one process's lane timeout without a kernel signal is "
+    "not corroborated, so no agent takes the NIC down; the plugin still moves its own "
+    "connections"
+)
+NETLINK_ONLY_NOTE = "the agents run netlink-only: " + NETLINK_ONLY_SHORT
+
+
+def ebpf_corroborates(outcomes: Sequence[EbpfOutcome]) -> bool:
+    """Every agent attached its eBPF TCP lane source (the kernel signal of a blackhole)."""
+    tcp = [o for o in outcomes if o.source == "ebpf.tcp"]
+    return bool(tcp) and all(o.attached for o in tcp)
+
+
+def ebpf_summary(outcomes: Sequence[EbpfOutcome]) -> str:
+    """One line per agent and eBPF source: how it fared and why."""
+    return "\n".join(
+        f"  node{o.node} {o.source}: {o.status}" + (f" ({o.detail})" if o.detail else "")
+        for o in outcomes
+    )
+
+
+def _check_alive(a: AgentProc) -> None:
+    if a.proc.poll() is not None:
+        raise DemoError(
+            f"the agent of node {a.node} exited ({a.proc.returncode}): " + _tail_text(a.log)
+        )
+
+
+@dataclass(frozen=True)
+class EbpfOutcome:
+    """How one eBPF source of one agent fared: ``attached`` (at least one hook attached),
+    ``skipped`` (started, no hook attached) or ``failed`` (did not start); ``detail``: the
+    hooks' capability lines or the start error."""
+
+    node: int
+    source: str
+    status: str
+    detail: str
+
+    @property
+    def attached(self) -> bool:
+        return self.status == "attached"
+
+
+def ebpf_outcomes(node: int, metrics: Mapping[str, float], log_text: str) -> list[EbpfOutcome]:
+    """The outcome of each of :data:`EBPF_SOURCES` decided so far (pure): the agent sets
+    ``railhop_sources{source=...}`` once a source started (1: a hook attached, 0: none did) and
+    logs ``source ... failed to start`` for one it gave up; the detail comes from its log."""
+    out = []
+    for src in EBPF_SOURCES:
+        failed = re.search(rf"source {re.escape(src)} failed to start: (.*)", log_text)
+        gauge = metrics.get(f'railhop_sources{{source="{src}"}}')
+        caps = "; ".join(
+            " ".join(m.group(1).split())
+            for m in re.finditer(rf"({re.escape(src)}:\S+\s+(?:attached|skipped).*)", log_text)
+        )
+        if gauge is not None:
+            out.append(EbpfOutcome(node, src, "attached" if gauge == 1 else "skipped", caps))
+        elif failed:
+            out.append(EbpfOutcome(node, src, "failed", failed.group(1).strip()))
+    return out
+
+
+def wait_ebpf(
+    fab: Fabric, agents: Sequence[AgentProc], timeout: float, stream: TextIO, every: float = 5.0
+) -> list[EbpfOutcome]:
+    """Until each agent's eBPF sources have attached or been given up (bounded by ``timeout``;
+    the agents give each source ``EBPF_START_TIMEOUT_S``), a progress line every ``every``
+    seconds. A source still undecided at the deadline counts as ``failed``."""
+    t0 = time.monotonic()
+    next_note = t0 + every
+    done: dict[int, list[EbpfOutcome]] = {}
+    while True:
+        for a in agents:
+            _check_alive(a)
+            if a.node in done:
+                continue
+            metrics: dict[str, float] = {}
+            with contextlib.suppress(OSError):
+                metrics = scrape(fab, a.node)
+            got = ebpf_outcomes(a.node, metrics, _tail_text(a.log, 1 << 20))
+            if len(got) == len(EBPF_SOURCES):
+                done[a.node] = got
+        now = time.monotonic()
+        if len(done) == len(agents):
+            return [o for n in sorted(done) for o in done[n]]
+        if now - t0 > timeout:
+            late = [
+                EbpfOutcome(a.node, src, "failed", f"not attached within {timeout:g} s")
+                for a in agents
+                if a.node not in done
+                for src in EBPF_SOURCES
+            ]
+            return [o for n in sorted(done) for o in done[n]] + late
+        if now >= next_note:
+            next_note = now + every
+            left = [f"node{a.node}" for a in agents if a.node not in done]
+            print(
+                f"  ... {now - t0:3.0f} s: eBPF sources of {', '.join(left)} still compiling "
+                f"(at most {timeout:g} s)",
+                file=stream,
+                flush=True,
+            )
+        time.sleep(0.5)
 
 
 def _tail_text(path: Path, n: int = 1500) -> str:
@@ -633,12 +763,14 @@ def run_demo(
     *,
     rate_mbit: int = 200,
     quick: bool = False,
+    no_ebpf: bool = False,
     plugin: Path | None = None,
     harness: Path | None = None,
     stream: TextIO = sys.stdout,
 ) -> int:
     """Run the demo; returns the exit status (0: every byte checked with zero errors and every
-    fault survived; 1: not so, or the run failed; 2: cannot run here; 130: interrupted)."""
+    fault survived; 1: not so, or the run failed; 2: cannot run here; 130: interrupted).
+    ``no_ebpf``: the agents run netlink-only (no eBPF compile; the blackhole stays SUSPECT)."""
     problem = root_problem()
     if problem:
         print(problem, file=sys.stderr)
@@ -681,11 +813,26 @@ def run_demo(
                             work / f"run-node{n}",
                             out_dir / f"traces-node{n}.otlp.jsonl",
                             out_dir / f"agent-node{n}.log",
-                            lifetime_s=duration + 180.0,
+                            lifetime_s=duration + EBPF_WAIT_S + 180.0,
+                            sources=("netlink",) if no_ebpf else AGENT_SOURCES,
                         )
                     )
                 wait_agents_ready(fab, agents, 60.0)
-                print("agents up; traffic ...", file=stream, flush=True)
+                ebpf: list[EbpfOutcome] = []
+                if not no_ebpf:
+                    print(
+                        "agents up (netlink); waiting for their eBPF sources to attach "
+                        f"(bcc compiles them; at most {EBPF_WAIT_S:g} s) ...",
+                        file=stream,
+                        flush=True,
+                    )
+                    ebpf = wait_ebpf(fab, agents, EBPF_WAIT_S, stream)
+                    print(ebpf_summary(ebpf), file=stream)
+                ebpf_ok = ebpf_corroborates(ebpf)
+                if not ebpf_ok:
+                    why = "--no-ebpf" if no_ebpf else "eBPF TCP lane source not attached"
+                    print(f"railhop demo: {why}: {NETLINK_ONLY_NOTE}", file=stream, flush=True)
+                print("traffic ...", file=stream, flush=True)
                 tick = live_printer(stream, 4, [a.run_dir for a in agents])
                 tl = run_scenario(fab, steps, duration, on_tick=tick, workdir=work)
                 print("", file=stream)
@@ -727,6 +874,8 @@ def run_demo(
     totals = totals_of(tl)
     ok = demo_ok(tl.result.ok, rows, totals)
     print(summary_table(rows, totals), file=stream)
+    if not ebpf_ok:
+        print(f"  (agents ran netlink-only: {NETLINK_ONLY_SHORT})", file=stream)
     other = [d for d in dets if not any(r.detection is not None and r.detection == d for r in rows)]
     for d in other:
         print(
@@ -738,6 +887,8 @@ def run_demo(
         "plugin": str(plugin_p),
         "harness": str(harness_p),
         "agents_exit": codes,
+        "agent_sources": "netlink+ebpf" if ebpf_ok else "netlink-only",
+        "ebpf": [asdict(o) for o in ebpf],
         "agent_metrics": agent_metrics,
         "trace_spans": nspans,
         "wall_s": time.monotonic() - wall0,

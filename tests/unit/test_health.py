@@ -422,6 +422,26 @@ def test_a_kernel_signal_or_an_agent_probe_corroborates_one_reporter() -> None:
     assert h.state is S.SUSPECT
 
 
+def test_a_kernel_signal_after_the_lane_report_corroborates_it_too() -> None:
+    """Either order: a blackholed lane's timeout may reach the agent before the kernel's TCP
+    signal on the same lane (the demo saw TCP first in every run; nothing guarantees it)."""
+    p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    for kernel in (TcpSuspect("nic0", 1.5), ProbeFail("nic0", 1.5)):
+        h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="uid 1000 pid 7"), p)
+        assert h.state is S.SUSPECT
+        h = step(h, kernel, p)
+        assert h.state is S.DOWN and "corroborated by" in h.reason, (kernel, h.reason)
+    # not when the kernel signal comes after the window
+    h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="uid 1000 pid 7"), p)
+    h = step(h, TcpSuspect("nic0", 1.0 + P.suspect_window_s + 0.1), p)
+    assert h.state is not S.DOWN
+    # nor for a lane signal outside down_on (it stays suspicion)
+    p2 = dataclasses.replace(p, down_on=frozenset())
+    h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="uid 1000 pid 7"), p2)
+    h = step(h, TcpSuspect("nic0", 1.2), p2)
+    assert h.state is S.SUSPECT
+
+
 def test_reports_outside_the_window_do_not_add_up() -> None:
     p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
     h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="a"), p)
