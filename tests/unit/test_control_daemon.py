@@ -619,6 +619,10 @@ def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
         "RAILHOP_NICS",
     )
     assert choose_nics((), {}) == ((), "auto-detection")
+    # The plugin's NCCL_SOCKET_IFNAME syntax: '=' means exact names (the agent's reading);
+    # an exclusion list names nothing to manage.
+    assert choose_nics((), {"RAILHOP_NICS": "=nic0:0,nic1"}) == (("nic0", "nic1"), "RAILHOP_NICS")
+    assert choose_nics((), {"RAILHOP_NICS": "^docker,lo"}) == ((), "auto-detection")
 
     eth = REPO / "tests" / "fixtures" / "sys" / "ethernet"
 
