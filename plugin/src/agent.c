@@ -46,10 +46,14 @@ static void ctl_log(void *arg, int level, const char *func, int line, const char
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	rh_log(level == RH_CTL_LOG_WARN ? NCCL_LOG_WARN :
-	       level == RH_CTL_LOG_INFO ? NCCL_LOG_INFO :
-					  NCCL_LOG_TRACE,
-	       "ctl.c", line, func, "%s", msg);
+	/* The control plane's INFO lines say whether the agent is there: NCCL_INIT, as start-up. */
+	if (level == RH_CTL_LOG_WARN) {
+		rh_log(NCCL_LOG_WARN, RH_LOG_ALL, "ctl.c", line, func, "%s", msg);
+	} else if (level == RH_CTL_LOG_INFO) {
+		rh_log(NCCL_LOG_INFO, RH_LOG_INIT, "ctl.c", line, func, "%s", msg);
+	} else {
+		rh_log(NCCL_LOG_TRACE, RH_LOG_NET, "ctl.c", line, func, "%s", msg);
+	}
 }
 
 static void clear_plans(void)
@@ -227,8 +231,8 @@ static void agent_poll(uint64_t now_ms)
 				 __ATOMIC_RELAXED);
 		if (down != down_by_agent[i]) {
 			down_by_agent[i] = down;
-			INFO("agent marks %s %s (reason %u)", rh_nic_name(i), down ? "down" : "up",
-			     view.nics[k].reason);
+			INFO_INIT("agent marks %s %s (reason %u)", rh_nic_name(i),
+				  down ? "down" : "up", view.nics[k].reason);
 			rh_nic_set_health_from(i, RH_HEALTH_AGENT, !down);
 		}
 	}

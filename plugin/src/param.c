@@ -94,14 +94,14 @@ static int load_int(const char *name, int64_t *v)
 	strncat(env, name, sizeof(env) - 9);
 	s = getenv(env);
 	if (!s) {
-		INFO("%s=%lld (default)", env, (long long)*v);
+		INFO_ENV("%s=%lld (default)", env, (long long)*v);
 		return 0;
 	}
 	if (rh_parse_int(s, 0, INT64_MAX, v) < 0) {
 		WARN("%s=\"%s\" is not a non-negative integer", env, s);
 		return -EINVAL;
 	}
-	INFO("%s=%lld (env)", env, (long long)*v);
+	INFO_ENV("%s=%lld (env)", env, (long long)*v);
 	return 0;
 }
 
@@ -113,11 +113,11 @@ static int load_str(const char *name, const char **v)
 	strncat(env, name, sizeof(env) - 9);
 	s = getenv(env);
 	if (!s) {
-		INFO("%s=\"%s\" (default)", env, *v);
+		INFO_ENV("%s=\"%s\" (default)", env, *v);
 		return 0;
 	}
 	*v = s;
-	INFO("%s=\"%s\" (env)", env, *v);
+	INFO_ENV("%s=\"%s\" (env)", env, *v);
 	return 0;
 }
 
@@ -165,8 +165,8 @@ int rh_params_load(void)
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 
 		rh_param.NTHREADS = n < 1 ? 1 : n > 8 ? 8 : n;
-		INFO("RAILHOP_NTHREADS=0: %lld I/O threads (online CPUs, at most 8)",
-		     (long long)rh_param.NTHREADS);
+		INFO_ENV("RAILHOP_NTHREADS=0: %lld I/O threads (online CPUs, at most 8)",
+			 (long long)rh_param.NTHREADS);
 	}
 	if (rh_param.STREAMS_PER_LANE < 1 || rh_param.STREAMS_PER_LANE > 16 ||
 	    rh_param.NTHREADS < 1 || rh_param.NTHREADS > 64 || rh_param.CHUNK_SIZE < 4096 ||

@@ -705,6 +705,9 @@ static void on_ack(struct rh_conn *c, const struct rh_hdr *h, int lane)
 	}
 	s->acked = true;
 	sendq_remove(c, s);
+	if (c->fo.report_pending) {
+		rh_fo_first_completion(c);
+	}
 	RH_PROBE3(req_done, lane, s->size, rh_now_ns() - s->t_start_ns);
 }
 
