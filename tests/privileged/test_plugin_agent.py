@@ -33,6 +33,7 @@ from railhop.control import (
     LaneEvent,
     NicHealth,
     NicState,
+    NodeSettings,
     Reason,
     ReceivedEvent,
     TableWriter,
@@ -281,3 +282,52 @@ def test_one_process_timeout_moves_the_other_process(fab: Fabric) -> None:
     assert t_event_b - t_fault_b < 2.0
     assert moved - t_event_b < 0.3, res_b.describe()  # B's own timeout is 10 s
     assert res_b.recv.progress[-1].per_conn[1] > bytes_at(res_b.recv.progress, moved, 1) + MiB
+
+
+def policy_run(fab: Fabric, seed: int, settings: NodeSettings) -> tuple[HarnessResult, str, float]:
+    """The test as the agent publishes `settings` with nic1 UP, then marks the healthy nic1
+    SUSPECT; returns the result, the sender's whole stderr (NCCL_DEBUG=INFO) and the harness
+    time of the SUSPECT publish."""
+    with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
+        work = Path(tmp)
+        run_dir = work / "run-node0"  # the sender's RAILHOP_RUN_DIR
+        run_dir.mkdir()
+        table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0, settings=settings)
+        try:
+            table.publish(health({}), {})
+            env = {"NCCL_DEBUG": "INFO", "RAILHOP_PROBE_TIMEOUT": "450"}
+            with HarnessRun(fab, cfg(6.0, seed=seed), env=env, workdir=work) as run:
+                warm_up(run)
+                t_suspect = time.monotonic() - run.started_at
+                table.publish(health({"nic1": NicState.SUSPECT}), {})
+                res = run.wait()
+            stderr = (work / "send.stderr").read_text(errors="replace")
+        finally:
+            table.close()
+    return res, stderr, t_suspect
+
+
+def test_policy_settings_reach_the_plugin(fab: Fabric) -> None:
+    """The node policy's settings in the table configure the plugin: its timeouts replace the
+    defaults unless the job set the variable (RAILHOP_PROBE_TIMEOUT here), and with
+    migrate_on_suspect a SUSPECT NIC is left at once although nothing is wrong with it."""
+    settings = NodeSettings(
+        completion_ms=1500, probe_ms=200, failback_interval_ms=2500, migrate_on_suspect=True
+    )
+    res, err, t_suspect = policy_run(fab, 61, settings)
+    assert_lossless(res)
+    assert "RAILHOP_COMPLETION_TIMEOUT=1500 (node policy, via the agent)" in err, err[-4000:]
+    assert "RAILHOP_FAILBACK_INTERVAL=2500 (node policy, via the agent)" in err, err[-4000:]
+    assert "RAILHOP_PROBE_TIMEOUT=450 (env)" in err
+    assert "RAILHOP_PROBE_TIMEOUT=200" not in err  # the job's variable wins
+    assert "node policy: migrate_on_suspect on" in err
+    m = re.search(r"\[\s*([0-9.]+)\].*NIC nic1 marked down \(agent\)", err)
+    assert m, err[-4000:]
+    assert float(m.group(1)) >= t_suspect - 0.5  # moved because of the SUSPECT publish
+
+    # The same SUSPECT without migrate_on_suspect: the healthy NIC is probed and kept.
+    res, err, _ = policy_run(fab, 62, NodeSettings())
+    assert_lossless(res)
+    assert "node policy" not in err
+    assert "NIC nic1 marked down" not in err
+    assert "agent marks nic1 suspect" in err
