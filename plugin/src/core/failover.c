@@ -236,6 +236,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 			out[n].local = e[i].lnic;
 			out[n].remote = best;
 			out[n].dist = RH_DIST_NODE;
+			out[n].share = (uint32_t)e[i].weight;
 			out[n].weight = wmax > 0 ? (4 * e[i].weight + wmax / 2) / wmax : 1;
 			if (out[n].weight < 1) {
 				out[n].weight = 1;
@@ -353,6 +354,9 @@ static void open_backups(struct rh_conn *c)
 		}
 		c->next_lane_id += 2;
 		l->weight = p[i].weight;
+		l->share = p[i].share;
+		l->share_bytes = 0;
+		l->share_wait = false;
 		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, deadline) < 0) {
 			l->state = RH_LANE_DEAD;
 			c->fo.bad_until_ms[p[i].local][p[i].remote] =
@@ -849,6 +853,16 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 
 	if (c->err || atomic_load(&c->closed)) {
 		return;
+	}
+	/* The share gate's backstop: a lane it held back waits for another lane's next chunk;
+	 * if those lanes left (failed, suspect, retired) the tick wakes it. */
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->share_wait && l->state == RH_LANE_ACTIVE) {
+			l->share_wait = false;
+			l->ops->kick(l);
+		}
 	}
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
