@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -139,6 +140,31 @@ def test_carrier_loss(fab: Fabric, lanes: dict[str, str], where: Carrier) -> Non
         res = run.wait()
     assert_lossless(res)
     assert_resumed(res, conn=1, t_fault=t_fault, bound_s=2.5)
+    assert_move_logged(res, "nic1")
+
+
+# The move's one WARN line (NCCL_ALL: shown under any NCCL_DEBUG_SUBSYS). The side that
+# detected the failure logs it (the sender at its first completion after RESUME, the receiver
+# when it sends RESUME); whichever side detects first, at least one of them does.
+MOVE_LINE = re.compile(
+    r"\[ALL\] NET/railhop report_move: conn [0-9a-f]+ \((send|recv)\): failover: (\S+) -> "
+    r"peer NIC (\d+) failed \((.+)\); now on (\S+) -> peer NIC \d+, (\d+) ms from detection "
+    r"to (the first completion|RESUME sent)"
+)
+
+
+def assert_move_logged(res: HarnessResult, nic: str) -> None:
+    moves = [
+        m
+        for side in (res.send, res.recv)
+        for m in MOVE_LINE.finditer(side.stderr_tail)
+        if m.group(2) == nic
+    ]
+    assert moves, f"no failover WARN line for {nic}:\n{res.describe()}"
+    for m in moves:
+        assert m.group(5) != nic, m.group(0)  # the traffic left the failed NIC
+        assert int(m.group(6)) < 30_000, m.group(0)
+        assert m.group(4), m.group(0)  # a cause
 
 
 def test_silent_blackhole(fab: Fabric, lanes: dict[str, str]) -> None:

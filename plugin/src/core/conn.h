@@ -75,6 +75,12 @@ struct rh_listen;
 struct rh_fo {
 	bool active; /* a move is in progress */
 	uint64_t t_detect_ms; /* first detection of the current move */
+	/* What started the current move, for its one WARN line (logged by the sender at the first
+	 * completion after RESUME, by the receiver when it sends RESUME). */
+	int cause_lnic, cause_rnic;
+	char cause[96];
+	bool report_pending; /* sender: RESUME applied, first completion not yet seen */
+	int report_lnic, report_rnic; /* sender: a lane carrying traffic after the move */
 	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
 	int reprobes; /* rounds of pairs re-probed after all of them failed, this move */
 	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
@@ -86,6 +92,7 @@ struct rh_fo {
 	int backoff_ms;
 	uint64_t t_primary_up_ms;
 	uint64_t failback_cookie; /* non-zero while a fail-back probe is in flight */
+	uint64_t t_failback_probe_ms; /* when the probe of the current fail-back was sent */
 	uint64_t t_last_failreq_ms;
 	bool failreq_out; /* sender: FAILREQ sent, no RESUME answering it applied yet */
 	uint64_t t_close_ms; /* closing: force-fence deadline */
@@ -226,6 +233,8 @@ void rh_registry_tick(uint64_t now_ms);
 /* failover.c */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+/* A send request completed: the first one after a move logs the move's WARN line. */
+void rh_fo_first_completion(struct rh_conn *c); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */
