@@ -17,6 +17,7 @@
 #include "core/health.h"
 #include "ctl.h"
 #include "log.h"
+#include "param_node.h"
 
 _Static_assert((int)RH_EVT_LANE_UP == (int)RH_EV_LANE_UP, "event type LANE_UP");
 _Static_assert((int)RH_EVT_LANE_DOWN == (int)RH_EV_LANE_DOWN, "event type LANE_DOWN");
@@ -47,10 +48,29 @@ static void ctl_log(void *arg, int level, const char *func, int line, const char
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	rh_log(level == RH_CTL_LOG_WARN ? NCCL_LOG_WARN :
-	       level == RH_CTL_LOG_INFO ? NCCL_LOG_INFO :
-					  NCCL_LOG_TRACE,
-	       "ctl.c", line, func, "%s", msg);
+	/* The control plane's INFO lines say whether the agent is there: NCCL_INIT, as start-up. */
+	if (level == RH_CTL_LOG_WARN) {
+		rh_log(NCCL_LOG_WARN, RH_LOG_ALL, "ctl.c", line, func, "%s", msg);
+	} else if (level == RH_CTL_LOG_INFO) {
+		rh_log(NCCL_LOG_INFO, RH_LOG_INIT, "ctl.c", line, func, "%s", msg);
+	} else {
+		rh_log(NCCL_LOG_TRACE, RH_LOG_NET, "ctl.c", line, func, "%s", msg);
+	}
+}
+
+static bool migrate_on_suspect; /* the node policy's health.migrate_on_suspect */
+
+/* The node policy's settings published with the table (env var > policy > default). */
+static void apply_settings(const struct rh_ctl_view *v)
+{
+	bool mos = v->settings_flags & RH_CTL_S_MIGRATE_ON_SUSPECT;
+
+	rh_params_apply_node(v->completion_ms, v->probe_ms, v->failback_interval_ms);
+	if (mos != migrate_on_suspect) {
+		migrate_on_suspect = mos;
+		INFO_ENV("node policy: migrate_on_suspect %s (a SUSPECT NIC is %s)",
+			 mos ? "on" : "off", mos ? "left at once, as DOWN" : "probed, kept");
+	}
 }
 
 static void clear_plans(void)
@@ -210,6 +230,7 @@ static void agent_poll(uint64_t now_ms)
 		return;
 	}
 	take_plans();
+	apply_settings(&view);
 	for (int i = 0; i < rh_nic_count() && i < 64; i++) {
 		int k = rh_ctl_view_find(&view, rh_nic_name(i));
 		bool down;
@@ -217,8 +238,11 @@ static void agent_poll(uint64_t now_ms)
 		if (k < 0) {
 			continue;
 		}
-		/* DOWN: move now. RECOVERING: held off by flap damping, not usable yet. */
-		down = view.nics[k].state == RH_NIC_DOWN || view.nics[k].state == RH_NIC_RECOVERING;
+		/* DOWN: move now. RECOVERING: held off by flap damping, not usable yet. SUSPECT: as
+		 * DOWN when the node policy says migrate_on_suspect. */
+		down = view.nics[k].state == RH_NIC_DOWN ||
+		       view.nics[k].state == RH_NIC_RECOVERING ||
+		       (migrate_on_suspect && view.nics[k].state == RH_NIC_SUSPECT);
 		if (view.nics[k].state == RH_NIC_SUSPECT && !suspect_by_agent[i]) {
 			INFO("agent marks %s suspect (reason %u): probing its lanes",
 			     rh_nic_name(i), view.nics[k].reason);
@@ -228,8 +252,8 @@ static void agent_poll(uint64_t now_ms)
 				 __ATOMIC_RELAXED);
 		if (down != down_by_agent[i]) {
 			down_by_agent[i] = down;
-			INFO("agent marks %s %s (reason %u)", rh_nic_name(i), down ? "down" : "up",
-			     view.nics[k].reason);
+			INFO_INIT("agent marks %s %s (reason %u)", rh_nic_name(i),
+				  down ? "down" : "up", view.nics[k].reason);
 			rh_nic_set_health_from(i, RH_HEALTH_AGENT, !down);
 		}
 	}

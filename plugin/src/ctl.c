@@ -592,6 +592,10 @@ int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 		v->flags = b.flags;
 		v->nic_count = n;
 		v->heartbeat_ms = b.heartbeat_ms;
+		v->completion_ms = b.completion_ms;
+		v->probe_ms = b.probe_ms;
+		v->failback_interval_ms = b.failback_interval_ms;
+		v->settings_flags = b.settings_flags;
 		if (check_records(v) != 0) {
 			__atomic_store_n(&m->bad_seq, s1 + 1, __ATOMIC_RELAXED);
 			goto proto;

@@ -59,6 +59,11 @@ struct rh_ctl_view {
 	uint32_t flags; /* RH_CTL_F_* */
 	uint32_t nic_count;
 	uint32_t heartbeat_ms; /* the agent's heartbeat period */
+	/* the node policy's settings (struct rh_ctl_body); 0: not set by the policy */
+	uint32_t completion_ms;
+	uint32_t probe_ms;
+	uint32_t failback_interval_ms;
+	uint32_t settings_flags; /* RH_CTL_S_* */
 	int changed; /* 1 when this call copied a new publish (or a new agent), else 0 */
 	struct rh_ctl_nic nics[RH_CTL_MAX_NICS];
 	struct rh_ctl_plan plans[RH_CTL_MAX_NICS];

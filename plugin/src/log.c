@@ -18,8 +18,8 @@ void rh_log_clear(void)
 	__atomic_store_n(&g_logger, NULL, __ATOMIC_RELEASE);
 }
 
-void rh_log(ncclDebugLogLevel level, const char *file, int line, const char *func, const char *fmt,
-	    ...)
+void rh_log(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+	    const char *func, const char *fmt, ...)
 {
 	ncclDebugLogger_t logger = __atomic_load_n(&g_logger, __ATOMIC_ACQUIRE);
 	char msg[768];
@@ -29,7 +29,7 @@ void rh_log(ncclDebugLogLevel level, const char *file, int line, const char *fun
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	if (logger) {
-		logger(level, NCCL_NET, file, line, "NET/railhop %s: %s", func, msg);
+		logger(level, flags, file, line, "NET/railhop %s: %s", func, msg);
 	} else if (level == NCCL_LOG_WARN) {
 		fprintf(stderr, "railhop WARN %s:%d %s: %s\n", file, line, func, msg);
 	}

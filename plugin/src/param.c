@@ -7,16 +7,17 @@
 
 #include "log.h"
 #include "param.h"
+#include "param_node.h"
 
 extern char **environ;
 
-struct rh_params rh_param = {
 #define RH_PARAM_DEF_int(def) (def)
 #define RH_PARAM_DEF_str(def) (def)
 #define X(name, type, def, doc) .name = RH_PARAM_DEF_##type(def),
-	RH_PARAMS(X)
+struct rh_params rh_param = { RH_PARAMS(X) };
+const struct rh_params rh_param_defaults = { RH_PARAMS(X) };
 #undef X
-};
+struct rh_param_env rh_param_env;
 
 /* RAILHOP_* variables used by other railhop components (not plugin parameters). */
 static const char *const other_names[] = { "PLUGIN_PATH",  "HARNESS_PATH", "HARNESS_VERBOSE",
@@ -86,38 +87,74 @@ bool rh_param_known(const char *name)
 	return false;
 }
 
-static int load_int(const char *name, int64_t *v)
+int64_t rh_param_pick(bool from_env, int64_t current, uint32_t policy, int64_t def)
+{
+	if (from_env) {
+		return current;
+	}
+	return policy >= 10 ? (int64_t)policy : def;
+}
+
+static void apply_node(const char *name, bool from_env, int64_t *field, uint32_t policy_ms,
+		       int64_t def)
+{
+	int64_t now = __atomic_load_n(field, __ATOMIC_RELAXED);
+	int64_t want = rh_param_pick(from_env, now, policy_ms, def);
+
+	if (want != now) {
+		/* read by other threads without a lock: one aligned 8-byte store */
+		__atomic_store_n(field, want, __ATOMIC_RELAXED);
+		INFO_ENV("RAILHOP_%s=%lld (%s)", name, (long long)want,
+			 policy_ms < 10 ? "default: the node policy sets none" :
+					  "node policy, via the agent");
+	}
+}
+
+void rh_params_apply_node(uint32_t completion_ms, uint32_t probe_ms, uint32_t failback_interval_ms)
+{
+	apply_node("COMPLETION_TIMEOUT", rh_param_env.COMPLETION_TIMEOUT,
+		   &rh_param.COMPLETION_TIMEOUT, completion_ms,
+		   rh_param_defaults.COMPLETION_TIMEOUT);
+	apply_node("PROBE_TIMEOUT", rh_param_env.PROBE_TIMEOUT, &rh_param.PROBE_TIMEOUT, probe_ms,
+		   rh_param_defaults.PROBE_TIMEOUT);
+	apply_node("FAILBACK_INTERVAL", rh_param_env.FAILBACK_INTERVAL, &rh_param.FAILBACK_INTERVAL,
+		   failback_interval_ms, rh_param_defaults.FAILBACK_INTERVAL);
+}
+
+static int load_int(const char *name, int64_t *v, bool *from_env)
 {
 	char env[64] = "RAILHOP_";
 	const char *s;
 
 	strncat(env, name, sizeof(env) - 9);
 	s = getenv(env);
+	*from_env = s != NULL;
 	if (!s) {
-		INFO("%s=%lld (default)", env, (long long)*v);
+		INFO_ENV("%s=%lld (default)", env, (long long)*v);
 		return 0;
 	}
 	if (rh_parse_int(s, 0, INT64_MAX, v) < 0) {
 		WARN("%s=\"%s\" is not a non-negative integer", env, s);
 		return -EINVAL;
 	}
-	INFO("%s=%lld (env)", env, (long long)*v);
+	INFO_ENV("%s=%lld (env)", env, (long long)*v);
 	return 0;
 }
 
-static int load_str(const char *name, const char **v)
+static int load_str(const char *name, const char **v, bool *from_env)
 {
 	char env[64] = "RAILHOP_";
 	const char *s;
 
 	strncat(env, name, sizeof(env) - 9);
 	s = getenv(env);
+	*from_env = s != NULL;
 	if (!s) {
-		INFO("%s=\"%s\" (default)", env, *v);
+		INFO_ENV("%s=\"%s\" (default)", env, *v);
 		return 0;
 	}
 	*v = s;
-	INFO("%s=\"%s\" (env)", env, *v);
+	INFO_ENV("%s=\"%s\" (env)", env, *v);
 	return 0;
 }
 
@@ -127,8 +164,11 @@ int rh_params_load(void)
 	enum rh_dist d;
 	int rc = 0;
 
-#define RH_PARAM_LOAD_int(name) load_int(#name, &rh_param.name)
-#define RH_PARAM_LOAD_str(name) load_str(#name, &rh_param.name)
+	/* every start begins from the defaults: a node policy's value applied while the plugin
+	 * ran (agent.c) does not outlive it */
+	rh_param = rh_param_defaults;
+#define RH_PARAM_LOAD_int(name) load_int(#name, &rh_param.name, &rh_param_env.name)
+#define RH_PARAM_LOAD_str(name) load_str(#name, &rh_param.name, &rh_param_env.name)
 #define X(name, type, def, doc)               \
 	if (RH_PARAM_LOAD_##type(name) < 0) { \
 		rc = -EINVAL;                 \
@@ -165,8 +205,8 @@ int rh_params_load(void)
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 
 		rh_param.NTHREADS = n < 1 ? 1 : n > 8 ? 8 : n;
-		INFO("RAILHOP_NTHREADS=0: %lld I/O threads (online CPUs, at most 8)",
-		     (long long)rh_param.NTHREADS);
+		INFO_ENV("RAILHOP_NTHREADS=0: %lld I/O threads (online CPUs, at most 8)",
+			 (long long)rh_param.NTHREADS);
 	}
 	if (rh_param.STREAMS_PER_LANE < 1 || rh_param.STREAMS_PER_LANE > 16 ||
 	    rh_param.NTHREADS < 1 || rh_param.NTHREADS > 64 || rh_param.CHUNK_SIZE < 4096 ||

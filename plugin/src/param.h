@@ -2,7 +2,9 @@
 /*
  * All plugin parameters, one X-macro table: X(NAME, type, default, doc).
  * Each is read from the environment variable RAILHOP_<NAME> once, at init; the value and its
- * source (default|env) are logged once. Unknown RAILHOP_* names are warned about.
+ * source (default|env) are logged once. Unknown RAILHOP_* names are warned about. The node
+ * policy's timeouts (COMPLETION_TIMEOUT, PROBE_TIMEOUT, FAILBACK_INTERVAL) arrive later through
+ * the agent's health table and replace the defaults, never a job's variable (rh_param_pick).
  */
 #ifndef RH_PARAM_H
 #define RH_PARAM_H
@@ -94,7 +96,22 @@ enum rh_rail_rule { RH_RAIL_SAME = 0, RH_RAIL_ANY = 1 };
 /* PCIe/NUMA distance classes, nearest first (as NCCL's PATH_*). */
 enum rh_dist { RH_DIST_PIX = 0, RH_DIST_PXB, RH_DIST_PHB, RH_DIST_NODE, RH_DIST_SYS };
 
+/* Which parameters the job set (RAILHOP_<NAME> present in the environment at load). */
+struct rh_param_env {
+#define X(name, type, def, doc) bool name;
+	RH_PARAMS(X)
+#undef X
+};
+
 extern struct rh_params rh_param;
+extern const struct rh_params rh_param_defaults;
+extern struct rh_param_env rh_param_env;
+
+/* Pure: the value of a parameter the node policy may set (the agent publishes it through the
+ * health table; 0 = not set there). Precedence: the job's RAILHOP_* variable (from_env: keep
+ * current), then the policy's value (>= 10; smaller ones are not valid timeouts), then the
+ * built-in default def. */
+int64_t rh_param_pick(bool from_env, int64_t current, uint32_t policy, int64_t def);
 
 /* Load every parameter from getenv (logs once). Returns 0 or -EINVAL for a bad value. */
 int rh_params_load(void);

@@ -578,7 +578,7 @@ static void test_corrupt(void)
 	CHECK_EQ(rh_ctl_refresh(ctl), -EPROTO);
 	CHECK_EQ(rh_ctl_refresh(ctl), -EPROTO); /* same file: logged once */
 	((struct rh_ctl_header *)img)->magic ^= 1;
-	((struct rh_ctl_header *)img)->layout_version = 2;
+	((struct rh_ctl_header *)img)->layout_version = RH_CTL_LAYOUT_VERSION + 1;
 	write_file(dir, img, RH_CTL_TABLE_SIZE);
 	CHECK_EQ(rh_ctl_refresh(ctl), -EPROTO);
 	((struct rh_ctl_header *)img)->layout_version = RH_CTL_LAYOUT_VERSION;
@@ -1015,6 +1015,7 @@ static int reader_main(const char *dir, double seconds)
 	struct rh_ctl_stats st;
 	uint64_t end = now_ns() + (uint64_t)(seconds * 1e9), accepted = 0, distinct = 0, bad = 0,
 		 stale = 0, again = 0, proto = 0, last = 0, generation = 0, gens = 0;
+	uint32_t settings[4] = { 0 }; /* the node policy's settings of the last accepted copy */
 
 	if (rh_ctl_open(dir, &o, &ctl) != 0) {
 		return 2;
@@ -1051,14 +1052,19 @@ static int reader_main(const char *dir, double seconds)
 		accepted++;
 		distinct += v->changed;
 		last = v->publish_count;
+		settings[0] = v->completion_ms;
+		settings[1] = v->probe_ms;
+		settings[2] = v->failback_interval_ms;
+		settings[3] = v->settings_flags;
 	}
 	rh_ctl_stats(ctl, &st);
 	printf("{\"accepted\": %" PRIu64 ", \"distinct\": %" PRIu64 ", \"bad\": %" PRIu64
 	       ", \"stale\": %" PRIu64 ", \"again\": %" PRIu64 ", \"proto\": %" PRIu64
 	       ", \"generations\": %" PRIu64 ", \"last_publish\": %" PRIu64
-	       ", \"torn_retries\": %" PRIu64 ", \"crc_errors\": %" PRIu64 "}\n",
+	       ", \"torn_retries\": %" PRIu64 ", \"crc_errors\": %" PRIu64
+	       ", \"settings\": [%u, %u, %u, %u]}\n",
 	       accepted, distinct, bad, stale, again, proto, gens, last, st.torn_retries,
-	       st.crc_errors);
+	       st.crc_errors, settings[0], settings[1], settings[2], settings[3]);
 	rh_ctl_close(ctl);
 	free(v);
 	return bad ? 1 : 0;

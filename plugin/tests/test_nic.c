@@ -35,6 +35,94 @@ static void mkdirs(const char *path)
 	mkdir(tmp, 0755);
 }
 
+static struct rh_nic_cand C(const char *name, bool up, bool loopback) {
+	struct rh_nic_cand c;
+
+	memset(&c, 0, sizeof(c));
+	snprintf(c.ifname, sizeof(c.ifname), "%s", name);
+	c.up = up;
+	c.loopback = loopback;
+	return c;
+}
+
+/* RAILHOP_NICS in NCCL_SOCKET_IFNAME syntax, and auto-detection's default skip list. */
+static void
+test_select(void)
+{
+	struct rh_nic_cand cand[] = {
+		C("lo", true, true),	  C("docker0", true, false),   C("veth12ab", true, false),
+		C("cni0", true, false),	  C("flannel.1", true, false), C("cali9f", true, false),
+		C("virbr0", true, false), C("eth10", true, false),     C("eth1", true, false),
+		C("ib0", true, false),	  C("eth2", false, false),     C("nic1", true, false),
+		C("nic0", true, false),
+	};
+	int nc = (int)(sizeof(cand) / sizeof(cand[0]));
+	struct rh_nic_spec out[RH_MAX_NICS];
+	bool unmatched[RH_MAX_NICS];
+	struct rh_nic_sel sel;
+	int n;
+
+	EXPECT(rh_nic_default_skip("lo"));
+	EXPECT(rh_nic_default_skip("docker0") && rh_nic_default_skip("veth0") &&
+	       rh_nic_default_skip("cni0") && rh_nic_default_skip("flannel.1") &&
+	       rh_nic_default_skip("cali1") && rh_nic_default_skip("virbr0"));
+	EXPECT(!rh_nic_default_skip("eth0") && !rh_nic_default_skip("lo1") &&
+	       !rh_nic_default_skip("ib0"));
+
+	/* Auto: up, not loopback, not skipped; sorted; rail = position. */
+	EXPECT_EQ(rh_nic_parse_sel("", &sel), 0);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, NULL);
+	EXPECT_EQ(n, 5);
+	EXPECT(n == 5 && !strcmp(out[0].ifname, "eth1") && !strcmp(out[1].ifname, "eth10") &&
+	       !strcmp(out[2].ifname, "ib0") && !strcmp(out[3].ifname, "nic0") &&
+	       !strcmp(out[4].ifname, "nic1"));
+	EXPECT(n == 5 && out[0].rail == 0 && out[4].rail == 4);
+
+	/* Prefixes, in the list's order, each entry's matches sorted. */
+	EXPECT_EQ(rh_nic_parse_sel("nic,eth1", &sel), 0);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, unmatched);
+	EXPECT_EQ(n, 4);
+	EXPECT(n == 4 && !strcmp(out[0].ifname, "nic0") && !strcmp(out[1].ifname, "nic1") &&
+	       !strcmp(out[2].ifname, "eth1") && !strcmp(out[3].ifname, "eth10"));
+	EXPECT(!unmatched[0] && !unmatched[1]);
+
+	/* '=': exact names; ':rail' kept; a listed NIC is taken whatever its flags. */
+	EXPECT_EQ(rh_nic_parse_sel("=eth1:7,eth2:5,nic9", &sel), 0);
+	EXPECT(sel.exact && !sel.exclude && sel.n == 3);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, unmatched);
+	EXPECT_EQ(n, 2);
+	EXPECT(n == 2 && !strcmp(out[0].ifname, "eth1") && out[0].rail == 7 &&
+	       !strcmp(out[1].ifname, "eth2") && out[1].rail == 5);
+	EXPECT(!unmatched[0] && !unmatched[1] && unmatched[2]);
+
+	/* A NIC named twice is taken once. */
+	EXPECT_EQ(rh_nic_parse_sel("nic0:3,nic", &sel), 0);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, NULL);
+	EXPECT_EQ(n, 2);
+	EXPECT(n == 2 && !strcmp(out[0].ifname, "nic0") && out[0].rail == 3 &&
+	       !strcmp(out[1].ifname, "nic1") && out[1].rail == 1);
+
+	/* '^': auto-detection minus the prefixes (the default skips still apply). */
+	EXPECT_EQ(rh_nic_parse_sel("^eth,ib", &sel), 0);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, NULL);
+	EXPECT_EQ(n, 2);
+	EXPECT(n == 2 && !strcmp(out[0].ifname, "nic0") && !strcmp(out[1].ifname, "nic1"));
+	/* '^=': exact exclusions. */
+	EXPECT_EQ(rh_nic_parse_sel("^=eth1", &sel), 0);
+	n = rh_nic_select(&sel, cand, nc, out, RH_MAX_NICS, NULL);
+	EXPECT_EQ(n, 4);
+	EXPECT(n == 4 && !strcmp(out[0].ifname, "eth10"));
+
+	/* Bad values. */
+	EXPECT(rh_nic_parse_sel("^", &sel) < 0);
+	EXPECT(rh_nic_parse_sel("=", &sel) < 0);
+	EXPECT(rh_nic_parse_sel("^eth0:1", &sel) < 0);
+	EXPECT(rh_nic_parse_sel("eth0:x", &sel) < 0);
+	EXPECT(rh_nic_parse_sel("eth0,,eth1", &sel) < 0);
+	EXPECT(rh_nic_parse_sel("=^eth0", &sel) == 0 && sel.exact && !sel.exclude &&
+	       !strcmp(sel.spec[0].ifname, "^eth0"));
+}
+
 int main(void)
 {
 	char root[] = "/tmp/rh-sysfs-XXXXXX", p[PATH_MAX], q[PATH_MAX + 64];
@@ -83,5 +171,6 @@ int main(void)
 
 	snprintf(p, sizeof(p), "rm -rf '%s'", root);
 	EXPECT_EQ(system(p), 0);
+	test_select();
 	TEST_DONE();
 }

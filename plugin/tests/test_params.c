@@ -7,6 +7,7 @@
 #include "check.h"
 #include "nic.h"
 #include "param.h"
+#include "param_node.h"
 
 int main(void)
 {
@@ -64,5 +65,26 @@ int main(void)
 	setenv("RAILHOP_DISTANCE_LIMIT", "SYS", 1);
 	setenv("RAILHOP_CHUNK_SIZE", "abc", 1);
 	EXPECT_EQ(rh_params_load(), -EINVAL);
+	/* The node policy's timeouts: env var > policy > default. */
+	EXPECT_EQ(rh_param_pick(true, 700, 2000, 1000), 700);
+	EXPECT_EQ(rh_param_pick(false, 1000, 2000, 1000), 2000);
+	EXPECT_EQ(rh_param_pick(false, 2000, 0, 1000), 1000); /* the policy no longer sets it */
+	EXPECT_EQ(rh_param_pick(false, 1000, 5, 1000), 1000); /* < 10 ms: not a valid timeout */
+	unsetenv("RAILHOP_COMPLETION_TIMEOUT");
+	unsetenv("RAILHOP_FAILBACK_INTERVAL");
+	unsetenv("RAILHOP_CHUNK_SIZE"); /* the bad values of the cases above */
+	unsetenv("RAILHOP_DISTANCE_LIMIT");
+	setenv("RAILHOP_PROBE_TIMEOUT", "450", 1);
+	EXPECT_EQ(rh_params_load(), 0);
+	rh_params_apply_node(2000, 900, 0);
+	EXPECT_EQ(rh_param.COMPLETION_TIMEOUT, 2000); /* policy */
+	EXPECT_EQ(rh_param.PROBE_TIMEOUT, 450); /* the job's variable wins */
+	EXPECT_EQ(rh_param.FAILBACK_INTERVAL, rh_param_defaults.FAILBACK_INTERVAL);
+	rh_params_apply_node(0, 0, 3000);
+	EXPECT_EQ(rh_param.COMPLETION_TIMEOUT, rh_param_defaults.COMPLETION_TIMEOUT);
+	EXPECT_EQ(rh_param.FAILBACK_INTERVAL, 3000);
+	EXPECT_EQ(rh_params_load(), 0); /* a restart begins from the defaults again */
+	EXPECT_EQ(rh_param.FAILBACK_INTERVAL, rh_param_defaults.FAILBACK_INTERVAL);
+	unsetenv("RAILHOP_PROBE_TIMEOUT");
 	TEST_DONE();
 }

@@ -247,6 +247,7 @@ int main(void)
 		EXPECT_EQ(rh_core_next_tx(l, 1, ctrl, sizeof(ctrl), &tx), 1);
 		EXPECT_EQ(rh_hdr_get(tx.hdr, &g), 0);
 		EXPECT(!(g.flags & RH_FLAG_CRC));
+		rh_core_conn_put(sc); /* no transport, no registry: the last reference */
 	}
 	TEST_DONE();
 }

@@ -119,11 +119,96 @@ static void test_striping(void)
 	free(seen);
 }
 
+/* Lanes pull chunks in turn, each only when the share gate lets it; `every[i]`: lane i can
+ * write only every every[i]-th round (a slower NIC). Returns the bytes per lane. */
+static void pull(const uint32_t *share, const int *every, int n, int rounds, uint64_t *taken)
+{
+	const uint64_t chunk = 512 * 1024;
+
+	for (int i = 0; i < n; i++) {
+		taken[i] = 0;
+	}
+	for (int r = 1; r <= rounds; r++) {
+		for (int i = 0; i < n; i++) {
+			uint64_t t[8];
+			uint32_t sh[8];
+			int m = 0;
+
+			if (r % every[i]) {
+				continue;
+			}
+			for (int j = 0; j < n; j++) {
+				if (j != i) {
+					t[m] = taken[j];
+					sh[m] = share[j];
+					m++;
+				}
+			}
+			if (rh_sched_share_ok(taken[i], share[i], t, sh, m, 2 * chunk)) {
+				taken[i] += chunk;
+			}
+		}
+	}
+}
+
+static void expect_shares(const uint64_t *taken, const uint32_t *share, int n, double tol)
+{
+	uint64_t total = 0, stotal = 0;
+
+	for (int i = 0; i < n; i++) {
+		total += taken[i];
+		stotal += share[i];
+	}
+	for (int i = 0; i < n; i++) {
+		double got = (double)taken[i] / (double)total, want = (double)share[i] / stotal;
+
+		if (got < want * (1 - tol) || got > want * (1 + tol)) {
+			fprintf(stderr, "lane %d: %.3f of the bytes, share %.3f\n", i, got, want);
+			test_failures++;
+		}
+	}
+}
+
+static void test_shares(void)
+{
+	const uint32_t share[3] = { 5000, 3000, 2000 };
+	const int fast[3] = { 1, 1, 1 }, slow_big[3] = { 3, 1, 1 };
+	uint64_t taken[3], t2[2] = { 0, 0 };
+	uint32_t s2[2] = { 3000, 0 };
+
+	/* Equal lanes: bytes follow the shares (within 2 %). */
+	pull(share, fast, 3, 3000, taken);
+	expect_shares(taken, share, 3, 0.02);
+	/* The largest share on the slowest lane: the others wait for it, shares still hold. */
+	pull(share, slow_big, 3, 3000, taken);
+	expect_shares(taken, share, 3, 0.02);
+	EXPECT(taken[0] > 0);
+
+	/* Not gated: share 0, or no other lane with a share. */
+	EXPECT(rh_sched_share_ok(1u << 30, 0, t2, s2, 2, 0));
+	EXPECT(rh_sched_share_ok(1u << 30, 5000, t2, s2 + 1, 1, 0));
+	/* Ahead of a lane by more than the slack: refused; within it: allowed. */
+	EXPECT(!rh_sched_share_ok(1u << 30, 5000, t2, s2, 1, 1024));
+	t2[0] = 600 << 20; /* 600 MiB at 3000 ~ 1000 MiB at 5000 */
+	EXPECT(rh_sched_share_ok(1000ull << 20, 5000, t2, s2, 1, 0));
+	EXPECT(!rh_sched_share_ok(1001ull << 20, 5000, t2, s2, 1, 0));
+	/* No overflow at the top of the ranges. */
+	t2[0] = UINT64_MAX - 1;
+	EXPECT(rh_sched_share_ok(UINT64_MAX - 1, 65535, t2, s2, 1, 0));
+	/* A joining lane starts level with the lane furthest behind. */
+	t2[0] = 300;
+	t2[1] = 900;
+	s2[1] = 3000;
+	EXPECT_EQ(rh_sched_share_start(6000, t2, s2, 2), 600);
+	EXPECT_EQ(rh_sched_share_start(6000, t2, (uint32_t[]){ 0, 0 }, 2), 0);
+}
+
 int main(void)
 {
 	test_chunks();
 	test_runs();
 	test_eligibility();
 	test_striping();
+	test_shares();
 	TEST_DONE();
 }

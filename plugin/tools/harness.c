@@ -87,19 +87,46 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* NCCL's subsystem names of a line's flags ("ALL" for WARN lines, which carry every bit). */
+static const char *subsys_name(unsigned long flags, char *buf, size_t cap)
+{
+	static const struct {
+		unsigned long bit;
+		const char *name;
+	} names[] = {
+		{ NCCL_INIT, "INIT" },		 { NCCL_NET, "NET" }, { NCCL_ENV, "ENV" },
+		{ NCCL_BOOTSTRAP, "BOOTSTRAP" }, { NCCL_P2P, "P2P" }, { NCCL_PROXY, "PROXY" }
+	};
+	size_t n = 0;
+
+	if (flags == (unsigned long)NCCL_ALL) {
+		return "ALL";
+	}
+	buf[0] = 0;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if ((flags & names[i].bit) && n + strlen(names[i].name) + 2 < cap) {
+			n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? "|" : "",
+					      names[i].name);
+		}
+	}
+	return n ? buf : "?";
+}
+
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
 		   const char *fmt, ...)
 {
+	char sub[64];
 	va_list ap;
 
-	(void)flags;
 	if (finalized) {
 		late_logs++;
 	}
 	if (level > NCCL_LOG_WARN && !opt.verbose) {
 		return;
 	}
-	fprintf(stderr, "[%8.3f] %s:%d ", now_s() - t0, file, line);
+	/* The subsystems as NCCL_DEBUG_SUBSYS names them, so tests can check them. */
+	fprintf(stderr, "[%8.3f] %s:%d [%s] ", now_s() - t0, file, line,
+		subsys_name(flags, sub, sizeof(sub)));
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);

@@ -28,17 +28,19 @@ import pytest
 
 from conftest import require, require_built
 from railhop.control import (
+    Backup,
     ControlPlane,
     EventType,
     LaneEvent,
     NicHealth,
     NicState,
+    NodeSettings,
     Reason,
     ReceivedEvent,
     TableWriter,
 )
 from railhop.control.layout import TABLE_FILE
-from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.fabric import CounterSampler, Fabric, unique_prefix
 from railhop_lab.harness import (
     HarnessConfig,
     HarnessResult,
@@ -281,3 +283,83 @@ def test_one_process_timeout_moves_the_other_process(fab: Fabric) -> None:
     assert t_event_b - t_fault_b < 2.0
     assert moved - t_event_b < 0.3, res_b.describe()  # B's own timeout is 10 s
     assert res_b.recv.progress[-1].per_conn[1] > bytes_at(res_b.recv.progress, moved, 1) + MiB
+
+
+def policy_run(fab: Fabric, seed: int, settings: NodeSettings) -> tuple[HarnessResult, str, float]:
+    """The test as the agent publishes `settings` with nic1 UP, then marks the healthy nic1
+    SUSPECT; returns the result, the sender's whole stderr (NCCL_DEBUG=INFO) and the harness
+    time of the SUSPECT publish."""
+    with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
+        work = Path(tmp)
+        run_dir = work / "run-node0"  # the sender's RAILHOP_RUN_DIR
+        run_dir.mkdir()
+        table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0, settings=settings)
+        try:
+            table.publish(health({}), {})
+            env = {"NCCL_DEBUG": "INFO", "RAILHOP_PROBE_TIMEOUT": "450"}
+            with HarnessRun(fab, cfg(6.0, seed=seed), env=env, workdir=work) as run:
+                warm_up(run)
+                t_suspect = time.monotonic() - run.started_at
+                table.publish(health({"nic1": NicState.SUSPECT}), {})
+                res = run.wait()
+            stderr = (work / "send.stderr").read_text(errors="replace")
+        finally:
+            table.close()
+    return res, stderr, t_suspect
+
+
+def test_policy_settings_reach_the_plugin(fab: Fabric) -> None:
+    """The node policy's settings in the table configure the plugin: its timeouts replace the
+    defaults unless the job set the variable (RAILHOP_PROBE_TIMEOUT here), and with
+    migrate_on_suspect a SUSPECT NIC is left at once although nothing is wrong with it."""
+    settings = NodeSettings(
+        completion_ms=1500, probe_ms=200, failback_interval_ms=2500, migrate_on_suspect=True
+    )
+    res, err, t_suspect = policy_run(fab, 61, settings)
+    assert_lossless(res)
+    assert "RAILHOP_COMPLETION_TIMEOUT=1500 (node policy, via the agent)" in err, err[-4000:]
+    assert "RAILHOP_FAILBACK_INTERVAL=2500 (node policy, via the agent)" in err, err[-4000:]
+    assert "RAILHOP_PROBE_TIMEOUT=450 (env)" in err
+    assert "RAILHOP_PROBE_TIMEOUT=200" not in err  # the job's variable wins
+    assert "node policy: migrate_on_suspect on" in err
+    m = re.search(r"\[\s*([0-9.]+)\].*NIC nic1 marked down \(agent\)", err)
+    assert m, err[-4000:]
+    assert float(m.group(1)) >= t_suspect - 0.5  # moved because of the SUSPECT publish
+
+    # The same SUSPECT without migrate_on_suspect: the healthy NIC is probed and kept.
+    res, err, _ = policy_run(fab, 62, NodeSettings())
+    assert_lossless(res)
+    assert "node policy" not in err
+    assert "NIC nic1 marked down" not in err
+    assert "agent marks nic1 suspect" in err
+
+
+def test_plan_shares_are_honoured_in_bytes(fab: Fabric) -> None:
+    """1 of 4 NICs down with a plan of unequal shares (0.5/0.3/0.2): the bytes each backup NIC
+    carries follow the shares within +-10 % (measured on the NICs' counters)."""
+    shares = {"nic0": 5000, "nic2": 3000, "nic3": 2000}
+    plan = {"nic1": [Backup(n, remote_rail=int(n[-1]), weight=w) for n, w in shares.items()]}
+    with tempfile.TemporaryDirectory(prefix="railhop-pa-") as tmp:
+        work = Path(tmp)
+        run_dir = work / "run-node0"  # the sender's RAILHOP_RUN_DIR
+        run_dir.mkdir()
+        table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0)
+        c = HarnessConfig(conns=1, devs=(1,), sizes=(MiB,), duration=11.0, deadline=41.0, seed=71)
+        try:
+            table.publish(health({}), plan)
+            with HarnessRun(fab, c, workdir=work) as run, CounterSampler(fab) as samp:
+                warm_up(run, conns=1)
+                table.publish(health({"nic1": NicState.DOWN}), plan)
+                t_down = time.monotonic()
+                time.sleep(8.0)  # the run lasts 11 s: measure [t+2, t+7] (bounded by the run)
+                res = run.wait()
+        finally:
+            table.close()
+    assert_lossless(res)
+    rates = {n: samp.rate(0, int(n[-1]), t_down + 2.0, t_down + 7.0) for n in shares}
+    total = sum(rates.values())
+    assert samp.rate(0, 1, t_down + 2.0, t_down + 7.0) < 0.01 * total, rates  # nic1 is left
+    got = {n: r / total for n, r in rates.items()}
+    print(f"bytes per backup NIC: {got} (shares {shares}); {total * 8 / 1e6:.0f} Mbit/s")
+    for n, w in shares.items():
+        assert abs(got[n] - w / 10000) <= 0.1 * w / 10000, (n, got, shares)

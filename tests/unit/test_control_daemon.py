@@ -622,6 +622,10 @@ def test_railhop_nics_names_the_managed_nics(tmp_path: Path) -> None:
         "RAILHOP_NICS",
     )
     assert choose_nics((), {}) == ((), "auto-detection")
+    # The plugin's NCCL_SOCKET_IFNAME syntax: '=' means exact names (the agent's reading);
+    # an exclusion list names nothing to manage.
+    assert choose_nics((), {"RAILHOP_NICS": "=nic0:0,nic1"}) == (("nic0", "nic1"), "RAILHOP_NICS")
+    assert choose_nics((), {"RAILHOP_NICS": "^docker,lo"}) == ((), "auto-detection")
 
     eth = REPO / "tests" / "fixtures" / "sys" / "ethernet"
 
@@ -724,3 +728,22 @@ def test_a_forged_future_timestamp_cannot_keep_a_nic_down(tmp_path: Path) -> Non
         assert await asyncio.wait_for(task, 10) == 0
 
     asyncio.run(body())
+
+
+def test_node_settings_from_the_policy() -> None:
+    """The policy's timeouts and migrate_on_suspect go to the plugins; unset ones stay 0."""
+    from railhop.control import NodeSettings
+    from railhop.daemon.publish import node_settings
+    from railhop.policy import Policy
+
+    p = Policy.from_data(
+        {
+            "version": 1,
+            "timeouts": {"completion_ms": 2500, "failback_interval_ms": 5000},
+            "health": {"migrate_on_suspect": True},
+        }
+    )
+    assert node_settings(p) == NodeSettings(
+        completion_ms=2500, probe_ms=0, failback_interval_ms=5000, migrate_on_suspect=True
+    )
+    assert node_settings(Policy.from_data({"version": 1})) == NodeSettings()

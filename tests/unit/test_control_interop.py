@@ -22,9 +22,11 @@ from railhop.control import (
     EventType,
     NicHealth,
     NicState,
+    NodeSettings,
     Reason,
     ReceivedEvent,
     TableWriter,
+    layout,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +91,11 @@ def pattern(k: int) -> tuple[list[NicHealth], dict[str, list[Backup]]]:
     return nics, plans
 
 
+SETTINGS = NodeSettings(
+    completion_ms=2000, probe_ms=400, failback_interval_ms=3000, migrate_on_suspect=True
+)
+
+
 def test_c_reader_never_accepts_a_torn_python_publish(test_ctl: Path, tmp_path: Path) -> None:
     seconds = 2.5
     reader = subprocess.Popen(
@@ -103,7 +110,7 @@ def test_c_reader_never_accepts_a_torn_python_publish(test_ctl: Path, tmp_path: 
         assert "control plane in" in reader.stderr.readline()  # the reader is up: start writing
         published = 0
         for generation in (1, 2):  # the second writer is a restarted agent
-            w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=250)
+            w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=250, settings=SETTINGS)
             end = time.monotonic() + seconds / 3
             k = 0
             while time.monotonic() < end:
@@ -124,6 +131,8 @@ def test_c_reader_never_accepts_a_torn_python_publish(test_ctl: Path, tmp_path: 
     assert res["generations"] == 2
     assert res["distinct"] > 10 and res["accepted"] > 10
     assert res["stale"] > 0  # after mark_gone (and before the first table)
+    # the node policy's settings reach the plugin: completion, probe, fail-back ms, flags
+    assert res["settings"] == [2000, 400, 3000, layout.S_MIGRATE_ON_SUSPECT]
     print(f"python writer: {published} publishes; C reader: {res}")
 
 

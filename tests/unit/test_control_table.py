@@ -177,8 +177,8 @@ def test_decoder_rejects_corruption(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="magic"):
         layout.decode_table(bytes(bad))
     bad = bytearray(img)
-    struct.pack_into("<H", bad, 4, 2)
-    with pytest.raises(TableError, match="layout 2"):
+    struct.pack_into("<H", bad, 4, layout.LAYOUT_VERSION + 1)
+    with pytest.raises(TableError, match=f"layout {layout.LAYOUT_VERSION + 1}"):
         layout.decode_table(bytes(bad))
     with pytest.raises(TableError, match="truncated"):
         layout.decode_table(bytes(img[:-1]))
@@ -322,3 +322,19 @@ def test_read_table_survives_truncation_while_reading(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="truncated"):
         os.truncate(path, 100)
         read_table(path)
+
+
+def test_node_settings_roundtrip_and_range(tmp_path: Path) -> None:
+    """The node policy's settings ride in the body (CRC-covered); 0 ms = not set."""
+    s = layout.NodeSettings(
+        completion_ms=1500, probe_ms=200, failback_interval_ms=4000, migrate_on_suspect=True
+    )
+    w = TableWriter(tmp_path / "health.tbl", settings=s)
+    w.publish(nics4(), PLANS)
+    assert read_table(tmp_path / "health.tbl").settings == s
+    w.settings = layout.NodeSettings()
+    w.publish(nics4(), PLANS)
+    assert read_table(tmp_path / "health.tbl").settings == layout.NodeSettings()
+    w.close()
+    with pytest.raises(TableError, match="completion_ms"):
+        TableWriter(tmp_path / "x.tbl", settings=layout.NodeSettings(completion_ms=-1))

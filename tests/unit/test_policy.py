@@ -65,7 +65,7 @@ def test_rail_optimized_policy_model() -> None:
     assert p.rule.kind is RuleKind.ALLOWED_PAIRS
     assert p.rule.allows((0, 0), (3, 0)) and not p.rule.allows((0, 0), (4, 0))
     assert p.distance_limit is DistanceClass.NODE
-    assert p.timeouts.completion_s == 1.0 and p.timeouts.probe_s == 0.25
+    assert p.timeouts.completion_s == 1.0 and p.timeouts.probe_s == 0.3
     assert p.spreading.min_weight == 0.05
     assert p.health.counters["symbol_error"] == 10.0
     assert p.health.counter_window_s == 10.0

@@ -9,7 +9,15 @@ Both live in ``$RAILHOP_RUN_DIR`` (default ``/run/railhop``). See docs/control-p
 
 from railhop.control.errors import ControlError, EventDecodeError, TableError
 from railhop.control.events import EventType, LaneEvent, decode_event, encode_event
-from railhop.control.layout import Backup, Distance, NicHealth, NicState, Reason, TableSnapshot
+from railhop.control.layout import (
+    Backup,
+    Distance,
+    NicHealth,
+    NicState,
+    NodeSettings,
+    Reason,
+    TableSnapshot,
+)
 from railhop.control.plane import ControlCounters, ControlPlane, default_run_dir
 from railhop.control.server import PeerCred, ReceivedEvent
 from railhop.control.table import TableWriter, read_table
@@ -25,6 +33,7 @@ __all__ = [
     "LaneEvent",
     "NicHealth",
     "NicState",
+    "NodeSettings",
     "PeerCred",
     "Reason",
     "ReceivedEvent",

@@ -25,7 +25,7 @@ RUN_DIR_ENV = "RAILHOP_RUN_DIR"
 RUN_DIR_DEFAULT = "/run/railhop"
 
 MAGIC = 0x4C544852  # bytes "RHTL"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the policy's settings in the body
 MAX_NICS = 64
 MAX_BACKUPS = 15
 IFNAME_LEN = 16
@@ -34,6 +34,7 @@ NO_RAIL = 0xFFFF
 NO_NUMA = -1
 NO_DISTANCE = 0xFF
 F_AGENT_GONE = 0x1
+S_MIGRATE_ON_SUSPECT = 0x1  # body.settings_flags
 
 Fields = tuple[tuple[str, str], ...]
 
@@ -61,7 +62,11 @@ BODY_FIELDS: Fields = (
     ("nic_count", "H"),
     ("reserved0", "H"),
     ("heartbeat_ms", "I"),
-    ("reserved1", "32s"),
+    ("completion_ms", "I"),
+    ("probe_ms", "I"),
+    ("failback_interval_ms", "I"),
+    ("settings_flags", "I"),
+    ("reserved1", "16s"),
 )
 NIC_FIELDS: Fields = (
     ("ifname", f"{IFNAME_LEN}s"),
@@ -189,6 +194,28 @@ Plans = Mapping[str, Sequence[Backup]]
 
 
 @dataclass(frozen=True)
+class NodeSettings:
+    """The node policy's settings for every plugin on the node (``timeouts``,
+    ``health.migrate_on_suspect``). 0 ms: not set by the policy (the plugin's default applies);
+    a job's own ``RAILHOP_*`` variable wins over both."""
+
+    completion_ms: int = 0
+    probe_ms: int = 0
+    failback_interval_ms: int = 0
+    migrate_on_suspect: bool = False
+
+    def check(self) -> None:
+        for name in ("completion_ms", "probe_ms", "failback_interval_ms"):
+            v = getattr(self, name)
+            if not 0 <= v <= 0xFFFFFFFF:
+                raise TableError(f"setting {name}={v} out of range 0..{0xFFFFFFFF}")
+
+    @property
+    def flags(self) -> int:
+        return S_MIGRATE_ON_SUSPECT if self.migrate_on_suspect else 0
+
+
+@dataclass(frozen=True)
 class TableSnapshot:
     """A decoded, CRC-checked copy of the table."""
 
@@ -206,6 +233,7 @@ class TableSnapshot:
     changes: tuple[int, ...]
     plans: dict[str, tuple[Backup, ...]] = field(default_factory=dict)
     plan_versions: dict[str, int] = field(default_factory=dict)
+    settings: NodeSettings = field(default_factory=NodeSettings)
 
     @property
     def agent_gone(self) -> bool:
@@ -322,6 +350,7 @@ def encode_payload(
     publish_ns: int,
     flags: int,
     heartbeat_ms: int,
+    settings: NodeSettings | None = None,
 ) -> Payload:
     """Pure: the bytes of one publish. Plans must name published NICs, each <= MAX_BACKUPS."""
     if len(nics) > MAX_NICS:
@@ -339,7 +368,22 @@ def encode_payload(
         encode_plan(n.ifname, plans.get(n.ifname, ()), index, v)
         for n, v in zip(nics, plan_versions, strict=True)
     )
-    body_tail = BODY.pack(0, flags, publish_count, publish_ns, len(nics), 0, heartbeat_ms, b"")[4:]
+    s = settings or NodeSettings()
+    s.check()
+    body_tail = BODY.pack(
+        0,
+        flags,
+        publish_count,
+        publish_ns,
+        len(nics),
+        0,
+        heartbeat_ms,
+        s.completion_ms,
+        s.probe_ms,
+        s.failback_interval_ms,
+        s.flags,
+        b"",
+    )[4:]
     crc = payload_crc(b"\0\0\0\0" + body_tail, nic_bytes, plan_bytes)
     body = struct.pack("<I", crc) + body_tail
     return Payload(
@@ -367,7 +411,8 @@ def decode_table(image: bytes) -> TableSnapshot:
     """Pure: a whole table image (a consistent copy) to a snapshot; TableError if corrupt."""
     h = check_header(image)
     body = image[BODY_OFFSET : BODY_OFFSET + BODY.size]
-    crc, flags, publish_count, publish_ns, n, _r0, heartbeat_ms, _r1 = BODY.unpack(body)
+    crc, flags, publish_count, publish_ns, n, _r0, heartbeat_ms, *settings, _r1 = BODY.unpack(body)
+    c_ms, p_ms, fb_ms, s_flags = settings
     if n > MAX_NICS:
         raise TableError(f"nic_count {n} > {MAX_NICS}")
     nic_bytes = image[NICS_OFFSET : NICS_OFFSET + n * NIC.size]
@@ -437,4 +482,10 @@ def decode_table(image: bytes) -> TableSnapshot:
         changes=tuple(changes),
         plans=plans,
         plan_versions=versions,
+        settings=NodeSettings(
+            completion_ms=c_ms,
+            probe_ms=p_ms,
+            failback_interval_ms=fb_ms,
+            migrate_on_suspect=bool(s_flags & S_MIGRATE_ON_SUSPECT),
+        ),
     )

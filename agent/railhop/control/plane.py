@@ -32,6 +32,7 @@ from railhop.control.layout import (
     SOCKET_FILE,
     TABLE_FILE,
     NicHealth,
+    NodeSettings,
     Plans,
 )
 from railhop.control.rundir import open_run_dir, write_file
@@ -94,6 +95,7 @@ class ControlPlane:
         self._dir_fd: int | None = None
         self._clock = clock
         self.file_write_errors = 0
+        self.settings = NodeSettings()
         self.table = TableWriter(self.run_dir / TABLE_FILE, heartbeat_ms=heartbeat_ms, clock=clock)
         self.server = EventServer(
             self.run_dir / SOCKET_FILE,
@@ -128,6 +130,7 @@ class ControlPlane:
             heartbeat_ms=self.heartbeat_ms,
             clock=self._clock,
             dir_fd=self._dir_fd,
+            settings=self.settings,
         )
         try:
             self.server.start()
@@ -151,11 +154,18 @@ class ControlPlane:
     ) -> None:
         await self.close()
 
-    def publish(self, nics: Sequence[NicHealth], plans: Plans) -> int:
-        """Publishes health and plans to every plugin; returns the publish count.
-        TableError on bad input (the table keeps its previous content)."""
+    def publish(
+        self, nics: Sequence[NicHealth], plans: Plans, settings: NodeSettings | None = None
+    ) -> int:
+        """Publishes health, plans and (when given) the policy's settings to every plugin;
+        returns the publish count. TableError on bad input (the table keeps its previous
+        content)."""
         if self._closed:
             raise ControlError("control plane is closed")
+        if settings is not None:
+            settings.check()
+            self.settings = settings
+            self.table.settings = settings
         return self.table.publish(nics, plans)
 
     def write_file(self, name: str, data: bytes) -> None:

@@ -39,6 +39,7 @@ from railhop.control.layout import (
     Backup,
     NicHealth,
     NicState,
+    NodeSettings,
     Payload,
     Plans,
     TableSnapshot,
@@ -91,6 +92,7 @@ class TableWriter:
         clock: Callable[[], int] = time.monotonic_ns,
         proc_root: Path = Path("/proc"),
         dir_fd: int | None = None,
+        settings: NodeSettings | None = None,
     ) -> None:
         """``dir_fd``: a descriptor of the table's directory (the run directory) to create the
         file through; None: the directory is opened (O_NOFOLLOW) at creation."""
@@ -98,6 +100,8 @@ class TableWriter:
             raise TableError(f"heartbeat_ms {heartbeat_ms} out of range")
         self.path = Path(path)
         self.heartbeat_ms = heartbeat_ms
+        self.settings = settings or NodeSettings()  # published with every write
+        self.settings.check()
         self._clock = clock
         self._proc_root = proc_root
         self._dir_fd = dir_fd
@@ -146,6 +150,7 @@ class TableWriter:
             publish_ns=self._clock(),
             flags=self._flags,
             heartbeat_ms=self.heartbeat_ms,
+            settings=self.settings,
         )
         if self._mm is None:
             self._create()
@@ -179,6 +184,7 @@ class TableWriter:
             publish_ns=self._clock(),
             flags=self._flags,
             heartbeat_ms=self.heartbeat_ms,
+            settings=self.settings,
         )
         self._write(payload)
 

@@ -75,11 +75,23 @@ def choose_nics(cli: Iterable[str], env: Mapping[str, str]) -> tuple[tuple[str, 
     given = parse_nics(cli)
     if given:
         return given, "--nic"
-    from_env = tuple(x.split(":")[0].strip() for x in env.get("RAILHOP_NICS", "").split(","))
-    from_env = tuple(x for x in from_env if x)
+    from_env = env_nic_names(env.get("RAILHOP_NICS", ""))
     if from_env:
         return from_env, "RAILHOP_NICS"
     return (), "auto-detection"
+
+
+def env_nic_names(value: str) -> tuple[str, ...]:
+    """The names in a ``RAILHOP_NICS`` value, read as exact names. The plugin reads the
+    variable in ``NCCL_SOCKET_IFNAME`` syntax (prefixes, ``^`` to exclude, ``=`` for exact
+    names); the agent does not expand prefixes: a leading ``=`` is dropped (the same meaning),
+    and an exclusion list (``^...``) names no NIC to manage, so it gives ``()`` (auto-detection).
+    """
+    value = value.strip()
+    if value.startswith("^"):
+        return ()
+    value = value.removeprefix("=")
+    return tuple(n for n in (x.split(":")[0].strip() for x in value.split(",")) if n)
 
 
 def parse_nics(values: Iterable[str]) -> tuple[str, ...]:

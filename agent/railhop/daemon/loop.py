@@ -23,7 +23,7 @@ from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.privileges import drop_capabilities, privileges
-from railhop.daemon.publish import decisions, to_published
+from railhop.daemon.publish import decisions, node_settings, to_published
 from railhop.daemon.translate import (
     BAD_KINDS,
     BurstGuard,
@@ -310,7 +310,7 @@ class Agent:
         t0 = self._clock()
         result = self._plan(self.topology, self.model.states, self.policy)
         nics, plans = to_published(self.model, self.topology, result)
-        self.control.publish(nics, plans)
+        self.control.publish(nics, plans, node_settings(self.policy))
         self.stats.publishes += 1
         self._dirty = False
         for w in result.warnings:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 from railhop import health, tracing
-from railhop.control import Backup, Distance, NicHealth, NicState, Reason
+from railhop.control import Backup, Distance, NicHealth, NicState, NodeSettings, Reason
 from railhop.daemon.translate import ifname_of
-from railhop.policy import Plan
+from railhop.policy import Plan, Policy
 from railhop.topology import Topology
 
 _STATE = {
@@ -57,6 +57,22 @@ def _weight(w: float) -> int:
     if w <= 0 or math.isnan(w):
         return 0
     return max(1, min(0xFFFF, round(w * 10000)))
+
+
+def node_settings(policy: Policy) -> NodeSettings:
+    """Pure: the policy's settings every plugin on the node applies (unless a job sets the
+    RAILHOP_* variable): ``timeouts`` and ``health.migrate_on_suspect``."""
+    t = policy.timeouts
+
+    def ms(s: float | None) -> int:
+        return 0 if s is None else max(1, round(s * 1000))  # 0: not set by the policy
+
+    return NodeSettings(
+        completion_ms=ms(t.completion_s),
+        probe_ms=ms(t.probe_s),
+        failback_interval_ms=ms(t.failback_interval_s),
+        migrate_on_suspect=policy.health.migrate_on_suspect,
+    )
 
 
 def to_published(

@@ -85,9 +85,13 @@ class RailRule:
 
 @dataclass(frozen=True)
 class Timeouts:
-    completion_s: float = 1.0
-    probe_s: float = 0.25
-    failback_interval_s: float = 1.0
+    """The plugins' timeouts, published to them through the health table. None: the policy
+    does not set it (the plugin's built-in default applies); a job's RAILHOP_* variable wins
+    over both."""
+
+    completion_s: float | None = None
+    probe_s: float | None = None
+    failback_interval_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,11 +144,14 @@ class Policy:
             pairs |= {frozenset((int(a), int(b))) for a in g for b in g if a != b}
         rule = RailRule(RuleKind(rr["kind"]), frozenset(p for p in pairs if len(p) == 2))
         to = data.get("timeouts", {})
-        d = Timeouts()
+
+        def opt_s(key: str) -> float | None:
+            return float(to[key]) / 1000 if key in to else None
+
         timeouts = Timeouts(
-            completion_s=to.get("completion_ms", d.completion_s * 1000) / 1000,
-            probe_s=to.get("probe_ms", d.probe_s * 1000) / 1000,
-            failback_interval_s=to.get("failback_interval_ms", d.failback_interval_s * 1000) / 1000,
+            completion_s=opt_s("completion_ms"),
+            probe_s=opt_s("probe_ms"),
+            failback_interval_s=opt_s("failback_interval_ms"),
         )
         sp = data.get("spreading", {})
         spreading = Spreading(int(sp.get("max_nics", 0)), float(sp.get("min_weight", 0.0)))

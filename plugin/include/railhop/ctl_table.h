@@ -51,7 +51,7 @@
 #define RH_CTL_RUN_DIR_DEFAULT "/run/railhop"
 
 #define RH_CTL_MAGIC 0x4c544852u /* bytes "RHTL" */
-#define RH_CTL_LAYOUT_VERSION 1u
+#define RH_CTL_LAYOUT_VERSION 2u /* 2: the policy's settings in the body */
 #define RH_CTL_MAX_NICS 64
 #define RH_CTL_MAX_BACKUPS 15
 #define RH_CTL_IFNAME_LEN 16 /* IFNAMSIZ, NUL-padded, at least one NUL */
@@ -62,6 +62,9 @@
 
 /* body.flags */
 #define RH_CTL_F_AGENT_GONE 0x1u /* the agent shut down cleanly; readers work alone */
+
+/* body.settings_flags */
+#define RH_CTL_S_MIGRATE_ON_SUSPECT 0x1u /* treat a SUSPECT NIC as DOWN: move off it now */
 
 /* nic.state: what the agent believes about a NIC. 0 is never written for a used record. */
 enum rh_nic_state {
@@ -122,7 +125,14 @@ struct rh_ctl_body {
 	uint16_t nic_count; /* records in use, <= RH_CTL_MAX_NICS */
 	uint16_t reserved0;
 	uint32_t heartbeat_ms; /* the agent's heartbeat period; readers go stale after a multiple */
-	uint8_t reserved1[32];
+	/* The node policy's settings (policy file `timeouts`, `health.migrate_on_suspect`); a
+	 * plugin applies each one unless the job set the RAILHOP_* variable. 0: not set by the
+	 * policy (the plugin's built-in default applies). */
+	uint32_t completion_ms; /* RAILHOP_COMPLETION_TIMEOUT */
+	uint32_t probe_ms; /* RAILHOP_PROBE_TIMEOUT */
+	uint32_t failback_interval_ms; /* RAILHOP_FAILBACK_INTERVAL */
+	uint32_t settings_flags; /* RH_CTL_S_* */
+	uint8_t reserved1[16];
 };
 
 struct rh_ctl_nic {
@@ -187,7 +197,11 @@ _Static_assert(offsetof(struct rh_ctl_body, publish_ns) == 16, "publish_ns");
 _Static_assert(offsetof(struct rh_ctl_body, nic_count) == 24, "nic_count");
 _Static_assert(offsetof(struct rh_ctl_body, reserved0) == 26, "body reserved0");
 _Static_assert(offsetof(struct rh_ctl_body, heartbeat_ms) == 28, "heartbeat_ms");
-_Static_assert(offsetof(struct rh_ctl_body, reserved1) == 32, "body reserved1");
+_Static_assert(offsetof(struct rh_ctl_body, completion_ms) == 32, "completion_ms");
+_Static_assert(offsetof(struct rh_ctl_body, probe_ms) == 36, "probe_ms");
+_Static_assert(offsetof(struct rh_ctl_body, failback_interval_ms) == 40, "failback_interval_ms");
+_Static_assert(offsetof(struct rh_ctl_body, settings_flags) == 44, "settings_flags");
+_Static_assert(offsetof(struct rh_ctl_body, reserved1) == 48, "body reserved1");
 
 _Static_assert(sizeof(struct rh_ctl_nic) == 64, "nic size");
 _Static_assert(offsetof(struct rh_ctl_nic, ifname) == 0, "ifname");

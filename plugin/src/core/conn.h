@@ -86,7 +86,7 @@ struct rh_fo {
 	uint64_t bytes_replayed;
 	int replay_unsent, replay_unacked; /* sender: replayed requests not yet sent / acked */
 	int cause_err; /* the failure that started the move, for the WARN line */
-	char cause[48];
+	char mark_cause[48];
 	int from_lnic, from_rnic; /* pair the move left */
 	bool failback_pending; /* sender: fail-back done, WARN at its first completion */
 	uint64_t t_failback_ns;
@@ -97,6 +97,12 @@ struct rh_fo {
 	int win_reqs;
 	uint64_t base_Bps, target_Bps;
 	int base_nics;
+	/* What started the current move, for its one WARN line (logged by the sender at the first
+	 * completion after RESUME, by the receiver when it sends RESUME). */
+	int cause_lnic, cause_rnic;
+	char cause[96];
+	bool report_pending; /* sender: RESUME applied, first completion not yet seen */
+	int report_lnic, report_rnic; /* sender: a lane carrying traffic after the move */
 	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
 	int reprobes; /* rounds of pairs re-probed after all of them failed, this move */
 	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
@@ -108,6 +114,7 @@ struct rh_fo {
 	int backoff_ms;
 	uint64_t t_primary_up_ms;
 	uint64_t failback_cookie; /* non-zero while a fail-back probe is in flight */
+	uint64_t t_failback_probe_ms; /* when the probe of the current fail-back was sent */
 	uint64_t t_last_failreq_ms;
 	bool failreq_out; /* sender: FAILREQ sent, no RESUME answering it applied yet */
 	uint64_t t_close_ms; /* closing: force-fence deadline */
@@ -248,6 +255,8 @@ void rh_registry_tick(uint64_t now_ms);
 /* failover.c */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+/* A send request completed: the first one after a move logs the move's WARN line. */
+void rh_fo_first_completion(struct rh_conn *c); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */

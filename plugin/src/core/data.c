@@ -628,6 +628,52 @@ static size_t copy_ctrl(struct rh_conn *c, uint8_t *out, size_t cap)
 	return o;
 }
 
+/* The plan's byte shares (sched.h): may lane l take a DATA chunk now? Locked. */
+static bool share_gate(struct rh_conn *c, struct rh_lane *l)
+{
+	uint64_t taken[RH_MAX_LANES];
+	uint32_t share[RH_MAX_LANES];
+	int n = 0;
+
+	if (!l->share || l->state != RH_LANE_ACTIVE) {
+		return true;
+	}
+	for (int i = 0; i < c->nlanes && n < RH_MAX_LANES; i++) {
+		struct rh_lane *o = c->lanes[i];
+
+		if (o != l && o->share && o->state == RH_LANE_ACTIVE) {
+			taken[n] = o->share_bytes;
+			share[n] = o->share;
+			n++;
+		}
+	}
+	if (l->share_bytes == 0 && n) {
+		/* joining lanes that carried bytes already: start level with the slowest */
+		l->share_bytes = rh_sched_share_start(l->share, taken, share, n);
+	}
+	if (rh_sched_share_ok(l->share_bytes, l->share, taken, share, n, 2 * c->chunk)) {
+		return true;
+	}
+	l->share_wait = true;
+	return false;
+}
+
+/* Lane l took len bytes under its share: wake the lanes the gate held back. Locked. */
+static void share_taken(struct rh_conn *c, struct rh_lane *l, uint64_t len)
+{
+	l->share_bytes += len ? len : 1;
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *o = c->lanes[i];
+
+		if (o->share_wait && o != l) {
+			o->share_wait = false;
+			if (o->state == RH_LANE_ACTIVE) {
+				o->ops->kick(o);
+			}
+		}
+	}
+}
+
 int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx)
 {
 	struct rh_conn *c = l->conn;
@@ -648,6 +694,9 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 	}
 	if (stream == RH_STREAM_CTRL_ONLY || !c->is_send || c->await_resume || c->err ||
 	    atomic_load(&c->closed)) {
+		goto out;
+	}
+	if (!share_gate(c, l)) {
 		goto out;
 	}
 	for (struct rh_sreq *s = c->qhead; s; s = s->qnext) {
@@ -677,6 +726,9 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		tx->payload = s->buf + off;
 		tx->len = len;
 		tx->is_data = true;
+		if (l->share) {
+			share_taken(c, l, len);
+		}
 		tx->ctrl_len = 0;
 		rc = 1;
 		crc = rh_param.CHECKSUM && len > 0;
@@ -711,6 +763,9 @@ static void on_ack(struct rh_conn *c, const struct rh_hdr *h, int lane)
 	}
 	s->acked = true;
 	sendq_remove(c, s);
+	if (c->fo.report_pending) {
+		rh_fo_first_completion(c);
+	}
 	RH_PROBE3(req_done, lane, s->size, rh_now_ns() - s->t_start_ns);
 	rh_fo_replay_progress(c, s, true);
 	rh_fo_completed(c, s->size);

@@ -123,6 +123,51 @@ static int rank_ex(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_
 	return rh_rank_pairs(&in, out, max);
 }
 
+/* The lane that carries traffic after a move: an active one, the primary first. */
+static struct rh_lane *carrier_lane(struct rh_conn *c)
+{
+	struct rh_lane *best = NULL;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state == RH_LANE_ACTIVE && (!best || (l->primary && !best->primary))) {
+			best = l;
+		}
+	}
+	return best;
+}
+
+/* The one WARN line of a move (grep-able as "railhop ... failover:"): the pair that failed, why,
+ * where the traffic went and the time from detection to what `reached` names. */
+static void report_move(struct rh_conn *c, const char *reached)
+{
+	struct rh_lane *l = carrier_lane(c);
+	char to[64];
+
+	if (l) {
+		snprintf(to, sizeof(to), "%s -> peer NIC %d", rh_g.nics[l->lnic].ifname, l->rnic);
+	} else {
+		snprintf(to, sizeof(to), "no active lane");
+	}
+	WARN("conn %016llx (%s): failover: %s -> peer NIC %d failed (%s); now on %s, %llu ms from "
+	     "detection to %s",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv",
+	     c->fo.cause_lnic >= 0 && c->fo.cause_lnic < rh_g.nnics ?
+		     rh_g.nics[c->fo.cause_lnic].ifname :
+		     "?",
+	     c->fo.cause_rnic, c->fo.cause[0] ? c->fo.cause : "?", to,
+	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
+}
+
+void rh_fo_first_completion(struct rh_conn *c)
+{
+	if (c->fo.report_pending) {
+		c->fo.report_pending = false;
+		report_move(c, "the first completion");
+	}
+}
+
 static int rank(struct rh_conn *c, struct rh_pair *out, int max)
 {
 	return rank_ex(c, out, max, false);
@@ -195,6 +240,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 			out[n].local = e[i].lnic;
 			out[n].remote = best;
 			out[n].dist = RH_DIST_NODE;
+			out[n].share = (uint32_t)e[i].weight;
 			out[n].weight = wmax > 0 ? (4 * e[i].weight + wmax / 2) / wmax : 1;
 			if (out[n].weight < 1) {
 				out[n].weight = 1;
@@ -312,6 +358,9 @@ static void open_backups(struct rh_conn *c)
 		}
 		c->next_lane_id += 2;
 		l->weight = p[i].weight;
+		l->share = p[i].share;
+		l->share_bytes = 0;
+		l->share_wait = false;
 		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, deadline) < 0) {
 			l->state = RH_LANE_DEAD;
 			c->fo.bad_until_ms[p[i].local][p[i].remote] =
@@ -336,7 +385,7 @@ static void start_marks(struct rh_conn *c, struct rh_lane *l, int err, const cha
 {
 	c->fo.t_detect_ns = rh_now_ns();
 	c->fo.cause_err = err < 0 ? -err : err;
-	snprintf(c->fo.cause, sizeof(c->fo.cause), "%s", why);
+	snprintf(c->fo.mark_cause, sizeof(c->fo.mark_cause), "%s", why);
 	c->fo.from_lnic = l ? l->lnic : c->lnic_orig;
 	c->fo.from_rnic = l ? l->rnic : c->rnic_orig;
 	c->fo.await_fair = false;
@@ -377,6 +426,9 @@ static void send_notify(struct rh_conn *c)
 			return;
 		}
 		rh_conn_queue_resume(c, false);
+		if (c->fo.active) {
+			report_move(c, "RESUME sent");
+		}
 		c->fo.active = false;
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
 		moved(c, 0);
@@ -429,7 +481,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}
-	/* INFO: the move's one WARN line comes with its first completion (rh_fo_completed) */
+	/* INFO: the move's one WARN line is report_move()'s */
 	INFO("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
@@ -483,6 +535,11 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 				start_marks(c, l, err, why);
 			}
 			c->fo.await_first = false;
+			c->fo.report_pending = false;
+			c->fo.cause_lnic = l->lnic;
+			c->fo.cause_rnic = l->rnic;
+			snprintf(c->fo.cause, sizeof(c->fo.cause), "%s: %s", why,
+				 strerror(err < 0 ? -err : err));
 			RH_PROBE3(failover_start, c->id, l->id, err);
 			rh_conn_lane_event(c, l, RH_EVT_FAILOVER_START, err, 0, 0);
 		}
@@ -514,8 +571,13 @@ void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l)
 		c->fo.t_failback_ns = rh_now_ns();
 		RH_PROBE2(failback, c->id, l->id);
 		rh_conn_lane_event(c, l, RH_EVT_FAILBACK, 0, 0, 0);
-		INFO("conn %016llx: fail-back to %s -> peer NIC %d", (unsigned long long)c->id,
-		     rh_g.nics[l->lnic].ifname, l->rnic);
+		WARN("conn %016llx (send): fail-back: %s -> peer NIC %d is healthy again (probe "
+		     "answered); traffic back on it %llu ms after the probe",
+		     (unsigned long long)c->id, rh_g.nics[l->lnic].ifname, l->rnic,
+		     (unsigned long long)(c->fo.t_failback_probe_ms ?
+						  c->fo.t_primary_up_ms -
+							  c->fo.t_failback_probe_ms :
+						  0));
 	}
 	rh_conn_pick_ctrl_lane(c);
 	send_notify(c);
@@ -800,6 +862,13 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	}
 	free(r);
 	c->await_resume = false;
+	if (c->fo.active) {
+		/* Requests the receiver confirmed complete now; otherwise the first ACK does. */
+		c->fo.report_pending = true;
+		if (acked > 0 || n == 0) {
+			rh_fo_first_completion(c);
+		}
+	}
 	c->fo.active = false;
 	c->fo.notify = false;
 	RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
@@ -851,6 +920,16 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 
 	if (c->err || atomic_load(&c->closed)) {
 		return;
+	}
+	/* The share gate's backstop: a lane it held back waits for another lane's next chunk;
+	 * if those lanes left (failed, suspect, retired) the tick wakes it. */
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->share_wait && l->state == RH_LANE_ACTIVE) {
+			l->share_wait = false;
+			l->ops->kick(l);
+		}
 	}
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
@@ -943,6 +1022,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
 	    now >= c->fo.t_next_failback_ms && nic_up(c->lnic_orig) && !primary_alive(c)) {
 		c->fo.failback_cookie = rh_random_id();
+		c->fo.t_failback_probe_ms = now;
 		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
 				    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
 				    (int)rh_param.PROBE_TIMEOUT) < 0) {
@@ -1012,11 +1092,12 @@ static void first_completion(struct rh_conn *c, uint64_t now)
 	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), dur);
 	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0, dur, c->fo.bytes_replayed);
 	peer_name(c, c->fo.from_rnic, peer, sizeof(peer));
-	WARN("conn %016llx (%s): failover off %s -> peer %s (NIC %d), cause: %s (%s); first "
+	/* INFO: the move's WARN line is report_move()'s */
+	INFO("conn %016llx (%s): failover off %s -> peer %s (NIC %d), cause: %s (%s); first "
 	     "completion %.1f ms after detection (moved at +%.1f ms, %llu bytes replayed, %d "
 	     "lane(s))",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv",
-	     rh_g.nics[c->fo.from_lnic].ifname, peer, c->fo.from_rnic, c->fo.cause,
+	     rh_g.nics[c->fo.from_lnic].ifname, peer, c->fo.from_rnic, c->fo.mark_cause,
 	     strerror(c->fo.cause_err), dur / 1e6, (c->fo.t_moved_ns - c->fo.t_detect_ns) / 1e6,
 	     (unsigned long long)c->fo.bytes_replayed, rh_conn_active_lanes(c));
 	/* Fair share: this connection's part of the NICs left, 90 % of the baseline scaled by
@@ -1072,7 +1153,7 @@ void rh_fo_completed(struct rh_conn *c, uint64_t bytes)
 
 		c->fo.failback_pending = false;
 		peer_name(c, c->rnic_orig, peer, sizeof(peer));
-		WARN("conn %016llx (send): fail-back to %s -> peer %s (NIC %d), cause: the original "
+		INFO("conn %016llx (send): fail-back to %s -> peer %s (NIC %d), cause: the original "
 		     "pair answers again; first completion %.1f ms after the fail-back",
 		     (unsigned long long)c->id, rh_g.nics[c->lnic_orig].ifname, peer, c->rnic_orig,
 		     (now - c->fo.t_failback_ns) / 1e6);

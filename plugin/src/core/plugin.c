@@ -78,8 +78,8 @@ static int start_locked(void)
 		}
 	}
 	if (rh_param.CHECKSUM) {
-		INFO("RAILHOP_CHECKSUM=1: a CRC32C (%s) of every DATA chunk sent on TCP lanes",
-		     rh_crc32c_impl());
+		INFO_ENV("RAILHOP_CHECKSUM=1: a CRC32C (%s) of every DATA chunk sent on TCP lanes",
+			 rh_crc32c_impl());
 	}
 	rc = rh_health_start_ticker();
 	if (rc < 0) {
@@ -89,6 +89,8 @@ static int start_locked(void)
 		return rc;
 	}
 	running = true;
+	INFO_INIT("initialised: %d NIC(s), %s lanes, %lld I/O thread(s)", rh_g.nnics,
+		  rh_g.ops->name, (long long)rh_param.NTHREADS);
 	return 0;
 }
 
@@ -132,7 +134,7 @@ static void stop_locked(void)
 	rh_g.ops->stop(); /* joins the I/O threads; the last connection references go */
 	rh_health_shutdown();
 	running = false;
-	INFO("stopped: no context, comm or listener left");
+	INFO_INIT("stopped: no context, comm or listener left");
 	rh_log_clear();
 }
 

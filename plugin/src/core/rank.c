@@ -124,6 +124,7 @@ int rh_rank_pairs(const struct rh_rank_in *in, struct rh_pair *out, int max)
 			s->p.remote = r;
 			s->p.dist = dl > dr ? dl : dr;
 			s->p.weight = 1;
+			s->p.share = 0;
 			/* Nearest first, then least loaded, then the original's rail, then order. */
 			s->key[0] = s->p.dist;
 			s->key[1] = a->load + b->load;

@@ -37,6 +37,7 @@ struct rh_pair {
 	int local, remote;
 	enum rh_dist dist; /* worse of the two sides' classes */
 	int weight; /* relative share of the moved traffic (>= 1) */
+	uint32_t share; /* the agent's plan share x 10000; 0: ranked here, no byte share */
 };
 
 /* PCIe/NUMA distance class between two NICs of one host. */

@@ -28,6 +28,46 @@ bool rh_sched_lane_may_carry(enum rh_lane_state st, uint32_t retire_gen, uint32_
 	}
 }
 
+bool rh_sched_share_ok(uint64_t taken, uint32_t share, const uint64_t *taken_o,
+		       const uint32_t *share_o, int n, uint64_t slack)
+{
+	if (share == 0) {
+		return true;
+	}
+	for (int j = 0; j < n; j++) {
+		if (share_o[j] == 0) {
+			continue;
+		}
+		/* taken / share > (taken_j + slack) / share_j, without division or overflow */
+		if ((unsigned __int128)taken * share_o[j] >
+		    ((unsigned __int128)taken_o[j] + slack) * share) {
+			return false;
+		}
+	}
+	return true;
+}
+
+uint64_t rh_sched_share_start(uint32_t share, const uint64_t *taken_o, const uint32_t *share_o,
+			      int n)
+{
+	unsigned __int128 best = 0;
+	bool any = false;
+
+	for (int j = 0; j < n; j++) {
+		unsigned __int128 v;
+
+		if (share_o[j] == 0) {
+			continue;
+		}
+		v = (unsigned __int128)taken_o[j] * share / share_o[j];
+		if (!any || v < best) {
+			best = v;
+			any = true;
+		}
+	}
+	return best > UINT64_MAX ? UINT64_MAX : (uint64_t)best;
+}
+
 static bool bit_set(const uint64_t *bits, uint64_t i)
 {
 	return bits[i / 64] & (1ull << (i % 64));

@@ -27,6 +27,19 @@ bool rh_sched_lane_may_carry(enum rh_lane_state st, uint32_t retire_gen, uint32_
 
 #define RH_GEN_NEW UINT32_MAX
 
+/* The plan's byte shares. Lanes opened from the agent's plan carry its share (x 10000); among
+ * the ACTIVE lanes that carry one, a lane may take the next chunk only while it is not ahead of
+ * any other: taken / share <= (taken_j + slack) / share_j for every other lane j. The lane
+ * furthest behind is always allowed, so the set never stalls; bytes then follow the shares as
+ * long as every lane can carry its share (a slower lane slows the others down to keep them).
+ * share == 0: not gated. */
+bool rh_sched_share_ok(uint64_t taken, uint32_t share, const uint64_t *taken_o,
+		       const uint32_t *share_o, int n, uint64_t slack);
+/* The starting count of a lane joining lanes that already carried bytes: as far as the one
+ * furthest behind, so that it does not take everything until it catches up. */
+uint64_t rh_sched_share_start(uint32_t share, const uint64_t *taken_o, const uint32_t *share_o,
+			      int n);
+
 /* A run of chunks [start, start + count) of one message. */
 struct rh_run {
 	uint32_t start;

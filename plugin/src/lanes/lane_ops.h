@@ -47,6 +47,9 @@ struct rh_lane {
 	bool opener; /* this side opened it */
 	int nstreams, nready; /* streams wanted / handshaken */
 	int weight; /* spreading weight from the ranking */
+	uint32_t share; /* the agent's plan share x 10000 (0: not from a plan, not gated) */
+	uint64_t share_bytes; /* DATA bytes taken while share > 0 (the share gate's count) */
+	bool share_wait; /* refused by the share gate: kick it when another lane takes a chunk */
 	uint32_t retire_gen; /* DRAINING: carries only messages of older generations */
 	uint64_t t_deadline_ms; /* OPENING: handshake deadline */
 	uint64_t t_suspect_ms; /* SUSPECT: when the confirming probe started */

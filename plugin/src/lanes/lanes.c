@@ -15,7 +15,7 @@ const struct lane_ops *rh_lanes_choose(void)
 	const char *t = rh_param.TRANSPORT;
 
 	if (!strcmp(t, "tcp")) {
-		INFO("transport tcp (RAILHOP_TRANSPORT=tcp)");
+		INFO_INIT("transport tcp (RAILHOP_TRANSPORT=tcp)");
 		return &rh_tcp_ops;
 	}
 	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
@@ -24,20 +24,20 @@ const struct lane_ops *rh_lanes_choose(void)
 	}
 #ifdef RH_HAVE_OFI
 	if (!strcmp(t, "ofi")) {
-		INFO("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
-		     "FI_PROVIDER narrows it)");
+		INFO_INIT("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
+			  "FI_PROVIDER narrows it)");
 		return &rh_ofi_ops;
 	}
 	{
 		char prov[64];
 
 		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
-			INFO("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
-			     prov);
+			INFO_INIT("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
+				  prov);
 			return &rh_ofi_ops;
 		}
 	}
-	INFO("transport tcp (no RDMA-class libfabric provider found)");
+	INFO_INIT("transport tcp (no RDMA-class libfabric provider found)");
 	return &rh_tcp_ops;
 #else
 	if (!strcmp(t, "ofi")) {
@@ -45,7 +45,7 @@ const struct lane_ops *rh_lanes_choose(void)
 		     "(install libfabric-dev and rebuild)");
 		return NULL;
 	}
-	INFO("transport tcp (built without libfabric)");
+	INFO_INIT("transport tcp (built without libfabric)");
 	return &rh_tcp_ops;
 #endif
 }
