@@ -43,6 +43,7 @@
 #define RH_USDT_FAILOVER_END 4
 #define RH_USDT_FAILBACK 5
 #define RH_USDT_REQ_DONE 6
+#define RH_USDT_FAIR_SHARE 7
 
 struct rh_hdr {
 	__u64 ts_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */

@@ -155,7 +155,7 @@ class AgentMetrics:
         )
         self.completion = Histogram(
             "railhop_failover_completion_seconds",
-            "Per connection: the plugin's FAILOVER_START -> FAILOVER_END (traffic resumed)",
+            "Per connection: the plugin's FAILOVER_START -> FAILOVER_END (first completion after)",
             ["nic"],
             buckets=LATENCY_BUCKETS,
             registry=r,

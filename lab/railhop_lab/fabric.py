@@ -158,13 +158,20 @@ def owns_netns(prefix: str, name: str) -> bool:
     return re.fullmatch(re.escape(prefix) + r"(n\d+|sp)", name) is not None
 
 
-def tbf_params(rate_mbit: int) -> dict[str, Any]:
-    """tbf parameters for a NIC ceiling: a burst of ~4 ms (>= 128 KiB, so GSO frames pass whole)."""
+QUEUE_MS = 20  # tbf's default queue: the longest a packet may wait for tokens
+
+
+def tbf_params(rate_mbit: int, queue_ms: int = QUEUE_MS) -> dict[str, Any]:
+    """tbf parameters for a NIC ceiling: a burst of ~4 ms (>= 128 KiB, so GSO frames pass whole)
+    and a queue of ``queue_ms`` (tbf's ``latency``: the qdisc holds rate x latency bytes beyond
+    the burst; a deeper queue is more standing delay under load)."""
     if rate_mbit <= 0 or rate_mbit > 30000:
         raise FabricError(f"rate_mbit={rate_mbit}: want 1..30000")
+    if queue_ms <= 0 or queue_ms > 1000:
+        raise FabricError(f"queue_ms={queue_ms}: want 1..1000")
     rate_bytes = rate_mbit * 1_000_000 // 8
     burst = max(128 * 1024, rate_bytes // 250)
-    return {"rate": f"{rate_mbit}mbit", "burst": burst, "latency": "20ms"}
+    return {"rate": f"{rate_mbit}mbit", "burst": burst, "latency": f"{queue_ms}ms"}
 
 
 def node_sysctls(ifnames: Sequence[str]) -> list[tuple[str, str]]:
@@ -459,11 +466,13 @@ class Fabric:
         *,
         mtu: int = 1500,
         state_dir: Path = STATE_DIR,
+        queue_ms: int = QUEUE_MS,
     ) -> None:
         self.plan = plan_fabric(nodes, nics, prefix)
         if rate_mbit is not None:
-            tbf_params(rate_mbit)  # validate early
+            tbf_params(rate_mbit, queue_ms)  # validate early
         self.rate_mbit = rate_mbit
+        self.queue_ms = queue_ms
         self.mtu = mtu
         self._state_dir = state_dir
         self._ns: dict[str, Any] = {}  # netns name -> pyroute2 NetNS
@@ -628,7 +637,7 @@ class Fabric:
                 pidx = sp.link_lookup(ifname=np_.peer)[0]
                 sp.link("set", index=pidx, master=br, state="up")
                 if self.rate_mbit is not None:
-                    params = tbf_params(self.rate_mbit)
+                    params = tbf_params(self.rate_mbit, self.queue_ms)
                     nl.tc("add", "tbf", index=idx, handle="1:", **params)
                     sp.tc("add", "tbf", index=pidx, handle="1:", **params)
         sp.link("set", index=br, state="up")
@@ -637,6 +646,23 @@ class Fabric:
             5.0,
             "NICs to come up",
         )
+
+    def set_rate(self, rate_mbit: int | None, queue_ms: int = QUEUE_MS) -> None:
+        """Change every NIC's ceiling (both veth ends) in place: ``None`` removes it."""
+        params = tbf_params(rate_mbit, queue_ms) if rate_mbit is not None else None
+        p = self.plan
+        with self._nl_lock:
+            sp = self._nl(p.spine_ns)
+            for n, i in self._all_nics():
+                np_ = p.nic(n, i)
+                nl = self._nl(p.node_ns[n])
+                for ns, ifname in ((nl, np_.ifname), (sp, np_.peer)):
+                    idx = ns.link_lookup(ifname=ifname)[0]
+                    if self.rate_mbit is not None:
+                        ns.tc("del", index=idx, handle="1:", root=True)
+                    if params is not None:
+                        ns.tc("add", "tbf", index=idx, handle="1:", **params)
+        self.rate_mbit, self.queue_ms = rate_mbit, queue_ms
 
     def _all_nics(self) -> Iterator[tuple[int, int]]:
         for n in range(self.nodes):

@@ -27,6 +27,7 @@ _Static_assert((int)RH_EVT_FAILOVER_START == (int)RH_EV_FAILOVER_START,
 	       "event type FAILOVER_START");
 _Static_assert((int)RH_EVT_FAILOVER_END == (int)RH_EV_FAILOVER_END, "event type FAILOVER_END");
 _Static_assert((int)RH_EVT_FAILBACK == (int)RH_EV_FAILBACK, "event type FAILBACK");
+_Static_assert((int)RH_EVT_FAIR_SHARE == (int)RH_EV_FAIR_SHARE, "event type FAIR_SHARE");
 
 static struct rh_ctl *ctl; /* set once by the ticker; read by any thread */
 static bool ctl_failed;

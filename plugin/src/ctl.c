@@ -703,8 +703,9 @@ static int sock_connect_locked(struct rh_ctl *ctl, uint64_t now)
 static int event_ok(const struct rh_lane_event *ev)
 {
 	return ev->magic == RH_EV_MAGIC && ev->version == RH_EV_VERSION &&
-	       ev->size == sizeof(*ev) && ev->type >= RH_EV_LANE_UP && ev->type <= RH_EV_FAILBACK &&
-	       ev->nports <= RH_EV_MAX_PORTS && name_ok(ev->nic, sizeof(ev->nic), 0) &&
+	       ev->size == sizeof(*ev) && ev->type >= RH_EV_LANE_UP &&
+	       ev->type <= RH_EV_FAIR_SHARE && ev->nports <= RH_EV_MAX_PORTS &&
+	       name_ok(ev->nic, sizeof(ev->nic), 0) &&
 	       name_ok(ev->remote_nic, sizeof(ev->remote_nic), 1);
 }
 

@@ -40,6 +40,11 @@
 	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                      \
 	/* Most backup lanes a connection spreads over when its pair fails. */                      \
 	X(BACKUP_LANES, int, 3, "max backup lanes per connection")                                  \
+	/* TCP streams of a backup lane of the largest weight (4); lighter ones in proportion,  \
+	 * at least 1. 4 = half a primary lane. 8 against 4, same build, 1 Gbit/s, 5 ms queue, \
+	 * agent, 5 rounds each (bench/resume_breakdown.py): carrier loss at fair share 1.0 s   \
+	 * vs 2.5 s, but a blackhole 4.5 s vs 1.2 s, first completion and stall unchanged. */   \
+	X(BACKUP_STREAMS, int, 4, "TCP streams of a full-weight backup lane")                       \
 	/* Agent rendezvous directory (health table, socket). */                                    \
 	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                      \
 	/* uid the agent runs as when it is not root (0 = root): the health table and the agent   \

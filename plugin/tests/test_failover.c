@@ -5,13 +5,15 @@
  *  - conn.c: stream attach/detach (slot checks, the io reference, the lane state's release,
  *    connection references), ids;
  *  - failover.c: a lane failure with the agent's plan (events in order, the lane fenced, the
- *    backup on the planned pair), the same failure standalone (no hooks: the core ranks alone);
+ *    backup on the planned pair), the same failure standalone (no hooks: the core ranks alone),
+ *    the timing marks of a move (FAILOVER_END at the first completion, then FAIR_SHARE);
  *  - health.c: a NIC marked down moves its lanes, sources hold a NIC down independently.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "core/conn.h"
@@ -125,6 +127,7 @@ static const struct lane_ops fake_ops = {
 static struct {
 	int n;
 	int type[64], lnic[64], err[64];
+	uint64_t dur[64];
 	struct rh_plan_entry plan[4];
 	int nplan;
 } ctl;
@@ -135,9 +138,9 @@ static void hk_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t l
 	(void)conn_id;
 	(void)epoch;
 	(void)lane;
-	(void)duration_ns;
 	(void)info;
 	if (ctl.n < 64) {
+		ctl.dur[ctl.n] = duration_ns;
 		ctl.type[ctl.n] = type;
 		ctl.lnic[ctl.n] = lnic;
 		ctl.err[ctl.n] = err;
@@ -411,6 +414,65 @@ static void test_failover_standalone(void)
 	drop_conn(c);
 }
 
+/* FAILOVER_END is the first request completed after the move, not the move itself; FAIR_SHARE
+ * follows when the completion rate is back to the baseline's share of the usable NICs. The
+ * receiver's side: its RESUME record goes out when a backup lane is up. */
+static void test_move_timing_marks(void)
+{
+	struct rh_lane *l, *b = NULL;
+	struct rh_conn *c = ready_conn(false, &l);
+	struct timespec pause = { .tv_nsec = 2000000 };
+	uint64_t deadline;
+	int e_end, e_fair = -1;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	ctl.n = 0;
+	pthread_mutex_lock(&c->mu);
+	c->fo.base_Bps = 1000; /* a baseline far below any rate below: fair share at once */
+	c->fo.base_nics = NNICS;
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress");
+	EXPECT(c->fo.active);
+	for (int i = 0; i < c->nlanes && !b; i++) {
+		b = c->lanes[i]->state == RH_LANE_OPENING ? c->lanes[i] : NULL;
+	}
+	EXPECT(b != NULL);
+	if (b) {
+		b->state = RH_LANE_ACTIVE; /* its handshake completed */
+		rh_fo_lane_up(c, b);
+	}
+	EXPECT(!c->fo.active); /* RESUME record sent: moved */
+	EXPECT(c->fo.await_first);
+	EXPECT_EQ(find_event(0, RH_EVT_FAILOVER_END), -1); /* nothing completed yet */
+	rh_fo_completed(c, 1u << 19);
+	e_end = find_event(0, RH_EVT_FAILOVER_END);
+	EXPECT(e_end >= 0 && ctl.dur[e_end] > 0 && ctl.lnic[e_end] == 0);
+	EXPECT(!c->fo.await_first && c->fo.await_fair);
+	/* the target: 90 % of the baseline x usable NICs after / before; the NIC the move left
+	 * counts only while a lane of this connection is back on it (ranking alone may pair the
+	 * same local NIC with another peer NIC) */
+	EXPECT(b != NULL);
+	if (b) {
+		int after = b->lnic == 0 ? NNICS : NNICS - 1;
+
+		EXPECT_EQ(c->fo.target_Bps, 1000u * 9 / 10 * (uint64_t)after / NNICS);
+	}
+	deadline = rh_now_ms() + 2000;
+	while (e_fair < 0 && rh_now_ms() < deadline) {
+		rh_fo_completed(c, 1u << 19);
+		e_fair = find_event(0, RH_EVT_FAIR_SHARE);
+		pthread_mutex_unlock(&c->mu);
+		nanosleep(&pause, NULL);
+		pthread_mutex_lock(&c->mu);
+	}
+	EXPECT(e_fair > e_end && ctl.dur[e_fair] >= ctl.dur[e_end]);
+	EXPECT(!c->fo.await_fair);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
 /* Soak seed 30855: past the escalation bound with no ACTIVE lane, but one lane's confirming
  * probe in flight (the pair was healthy, only slow) and another lane still opening, the core
  * failed the connection at once. Now those lanes get to their own deadlines (no new pair is
@@ -585,6 +647,7 @@ int main(void)
 	test_ids();
 	test_failover_with_plan();
 	test_failover_standalone();
+	test_move_timing_marks();
 	test_escalation_waits_for_lanes_in_flight();
 	test_ranking_ignores_stray_lane();
 	test_nic_health();

@@ -437,9 +437,12 @@ def test_lane_book() -> None:
     # failovers: start, end with its duration; fail-back
     book.update(lane(EventType.FAILOVER_START, "nic1", 1, 1, error=110, t_ns=5), 10)
     book.update(lane(EventType.FAILOVER_END, "nic1", 1, 0, duration_ns=2_500_000), 10)
+    book.update(lane(EventType.FAIR_SHARE, "nic1", 1, 0, duration_ns=40_000_000), 10)
+    book.update(lane(EventType.FAIR_SHARE, "nic1", 1, 0, duration_ns=90_000_000), 10)  # once
     book.update(lane(EventType.FAILBACK, "nic1", 1, 1, t_ns=9), 10)
     doc = book.status(agent_pid=4, now_ns=100)
     assert doc["failovers_total"] == 1 and doc["failbacks_total"] == 1
+    assert doc["recent"][0]["fair_share_ms"] == 40.0
     assert [(e["kind"], e["nic"], e["duration_ms"], e["error"]) for e in doc["recent"]] == [
         ("failover", "nic1", 2.5, 110),
         ("failback", "nic1", None, 0),

@@ -85,7 +85,7 @@ def _set(offset: int, raw: bytes) -> bytes:
         (_patch("<H", 4, 2), "version"),
         (_patch("<H", 6, 161), "size"),
         (_patch("<H", 8, 0), "type"),
-        (_patch("<H", 8, 8), "type"),
+        (_patch("<H", 8, 9), "type"),
         (_patch("<H", 10, 9), "nports"),
         (_patch("<H", 10, 1), "ports"),  # port 2 set beyond nports
         (_patch("<H", 120 + 2 * 7, 1), "ports"),

@@ -61,6 +61,10 @@ def test_tbf_params() -> None:
     assert tbf_params(10000)["burst"] == 10000 * 1_000_000 // 8 // 250
     with pytest.raises(FabricError):
         tbf_params(0)
+    assert p["latency"] == "20ms" and tbf_params(1000, 50)["latency"] == "50ms"
+    for bad in (0, 1001):
+        with pytest.raises(FabricError):
+            tbf_params(200, bad)
 
 
 def test_node_sysctls() -> None:

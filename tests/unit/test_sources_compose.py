@@ -69,4 +69,4 @@ def test_shipped_probes_compose_and_share_one_ring_buffer() -> None:
         assert "rh_events.ringbuf_reserve" not in (d / spec.file).read_text()
         assert not any(INCLUDE.match(ln) for ln in text.splitlines())
     usdt = compose(d, USDT_SPEC.file, USDT_SPEC.preludes)
-    assert usdt.count('#line 1 "rh_usdt_lane.c"') == 5  # one handler per lane probe
+    assert usdt.count('#line 1 "rh_usdt_lane.c"') == 6  # one handler per lane probe

@@ -232,6 +232,24 @@ def test_plugin_only_failover_closes_when_idle() -> None:
     assert root.end_ns == OFFSET + S + MS
 
 
+def test_fair_share_span_after_the_failover_is_over() -> None:
+    """FAILOVER_END is the first completion after the move; FAIR_SHARE (the rate back) may come
+    after the failover's root span: its span hangs under the migration span, once."""
+    a = asm(idle_close_s=1)
+    a.lane_event(lane(EventType.FAILOVER_START, "nic1", S, 3), PEER, S)
+    out = a.lane_event(lane(EventType.FAILOVER_END, "nic1", S + 40 * MS, 3), PEER, S)
+    mig = one(out, MIGRATION)
+    assert mig.attributes["railhop.migration.first_completion_ms"] == 40.0
+    assert one(a.tick(3 * S), FAILOVER).end_ns == OFFSET + S + 40 * MS
+    ev = lane(EventType.FAIR_SHARE, "nic1", S + 250 * MS, 3, duration_ns=250 * MS)
+    fair = one(a.lane_event(ev, PEER, S), tracing.FAIR_SHARE)
+    assert (fair.trace_id, fair.parent_id) == (mig.trace_id, mig.span_id)
+    assert (fair.start_ns, fair.end_ns) == (OFFSET + S + 40 * MS, OFFSET + S + 250 * MS)
+    assert fair.attributes["railhop.migration.fair_share_ms"] == 250.0
+    assert a.lane_event(ev, PEER, S) == []  # once per migration
+    assert a.lane_event(lane(EventType.FAIR_SHARE, "nic1", S, 9), PEER, S) == []  # unknown
+
+
 def test_no_backup_pair_escalates() -> None:
     a = asm()
     a.transition(StateChange("nic0", "up", "down", "device fatal", S, S))

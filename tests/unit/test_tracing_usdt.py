@@ -27,7 +27,8 @@ def test_probe_sequence_of_a_failover() -> None:
         probe("lane_down", 100, CONN, 0, 1, (1 << 64) - 104),  # -ECONNRESET read unsigned
         probe("failover_start", 100, CONN, 0, -104),
         probe("lane_up", 110, CONN, 2, 2, 2),  # backup lane 2 on nic2
-        probe("failover_end", 130, CONN, 1, 1),
+        probe("failover_end", 130, CONN, 1, 1, 30 * MS),  # first completion after the move
+        probe("fair_share", 400, CONN, 1, 300 * MS, 50_000_000),  # rate back at +300 ms
         probe("lane_up", 2000, CONN, 4, 1, 1),  # the primary pair is back
         probe("failback", 2000, CONN, 4),
         probe("lane_down", 2100, CONN, 2, 2, 0),  # the backup drained and closed
@@ -41,30 +42,39 @@ def test_probe_sequence_of_a_failover() -> None:
         EventType.FAILOVER_START,
         EventType.LANE_UP,
         EventType.FAILOVER_END,
+        EventType.FAIR_SHARE,
         EventType.LANE_UP,
         EventType.FAILBACK,
         EventType.LANE_DOWN,
     ]
     nics = [g.nic for g in got if g is not None]
-    assert nics == ["nic1", "nic1", "nic1", "nic2", "nic1", "nic1", "nic1", "nic2"]
+    assert nics == ["nic1", "nic1", "nic1", "nic2", "nic1", "nic1", "nic1", "nic1", "nic2"]
     assert got[1] is not None and got[1].error == 104
     assert got[2] is not None and got[2].error == 104 and got[2].conn_id == CONN
     assert got[4] is not None and got[4].epoch == 1 and got[4].t_ns == 130 * MS
+    assert got[4].duration_ns == 30 * MS
+    assert got[5] is not None and got[5].t_ns == 400 * MS and got[5].duration_ns == 300 * MS
 
     ids = itertools.count(1)
     a = FailoverAssembler(0, rand_bits=lambda b: next(ids))
     spans = a.transition(StateChange("nic1", "up", "down", "carrier down", 99 * MS, 99 * MS))
-    for g in got[:5]:
+    for g in got[:6]:
         assert g is not None
         spans += a.lane_event(g, PID, 0)
     spans += a.transition(StateChange("nic1", "down", "up", "recovered", 1900 * MS, 1900 * MS))
-    for g in got[5:]:
+    for g in got[6:]:
         assert g is not None
         spans += a.lane_event(g, PID, 0)
     mig = next(s for s in spans if s.name == tracing.MIGRATION)
     assert (mig.start_ns, mig.end_ns) == (100 * MS, 130 * MS)
     assert mig.attributes["railhop.migration.new_lanes"] == ("nic2",)
     assert mig.attributes["error.type"] == "ECONNRESET"
+    assert mig.attributes["railhop.migration.first_completion_ms"] == 30.0
+    fair = next(s for s in spans if s.name == tracing.FAIR_SHARE)
+    assert fair.parent_id == mig.span_id and fair.trace_id == mig.trace_id
+    assert (fair.start_ns, fair.end_ns) == (130 * MS, 400 * MS)
+    assert fair.attributes["railhop.migration.fair_share_ms"] == 300.0
+    assert fair.attributes["railhop.migration.first_completion_ms"] == 30.0
     root = next(s for s in spans if s.name == tracing.FAILOVER)
     assert root.attributes["railhop.failover.outcome"] == "failed_back"
     assert root.end_ns == 2000 * MS
@@ -73,7 +83,8 @@ def test_probe_sequence_of_a_failover() -> None:
 def test_unknown_lanes_and_nics_are_dropped() -> None:
     tr = UsdtLaneTranslator(NICS)
     assert tr.translate(probe("failover_start", 1, CONN, 9, 0)) is None  # lane never seen
-    assert tr.translate(probe("failover_end", 2, CONN, 1, 1)) is None
+    assert tr.translate(probe("failover_end", 2, CONN, 1, 1, MS)) is None
+    assert tr.translate(probe("fair_share", 2, CONN, 1, MS, 1000)) is None
     assert tr.translate(probe("failback", 3, CONN, 9)) is None
     assert tr.translate(probe("lane_up", 4, CONN, 0, 7, 0)) is None  # NIC index out of range
     assert tr.translate(probe("lane_up", 4, CONN, 0, 1, 0, pid=0)) is None

@@ -59,6 +59,7 @@ class EventType(enum.IntEnum):
     FAILOVER_START = 5
     FAILOVER_END = 6
     FAILBACK = 7
+    FAIR_SHARE = 8
 
 
 @dataclass(frozen=True)

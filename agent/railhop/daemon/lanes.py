@@ -36,6 +36,8 @@ class LaneBook:
         self._refs: dict[int, int] = {}
         self.port_nic: dict[int, str] = {}
         self._open: dict[tuple[int, int], dict[str, Any]] = {}
+        # failovers past their first completion, awaiting FAIR_SHARE
+        self._ramping: dict[tuple[int, int], dict[str, Any]] = {}
         self.failovers: deque[dict[str, Any]] = deque(maxlen=self.MAX_FAILOVERS)
         self.failover_count = 0
         self.failback_count = 0
@@ -77,12 +79,19 @@ class LaneBook:
                 self._open.clear()
             self._open[(pid, ev.conn_id)] = rec
             self.failovers.append(rec)
-        elif ev.type is EventType.FAILOVER_END:
+        elif ev.type is EventType.FAILOVER_END:  # the first completion after the move
             done = self._open.pop((pid, ev.conn_id), None)
             if done is not None:
                 done["duration_ms"] = round(ev.duration_ns / 1e6, 3)
                 # (sender side; the field is new in the plugin's events: absent -> 0)
                 done["bytes_replayed"] = int(getattr(ev, "bytes_replayed", 0))
+                if len(self._ramping) >= self.MAX_LANES:
+                    self._ramping.clear()
+                self._ramping[(pid, ev.conn_id)] = done
+        elif ev.type is EventType.FAIR_SHARE:
+            done = self._ramping.pop((pid, ev.conn_id), None)
+            if done is not None:
+                done["fair_share_ms"] = round(ev.duration_ns / 1e6, 3)
         elif ev.type is EventType.FAILBACK:
             self.failback_count += 1
             self.failovers.append(

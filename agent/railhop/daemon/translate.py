@@ -145,8 +145,8 @@ class UsdtLaneTranslator:
     events, for traces and metrics when the plugin does not report on ``agent.sock``. Pure
     (state: which NIC each lane uses). Probe arguments (plugin/src/probes.h):
     lane_up(conn, lane, lnic, rnic), lane_down(conn, lane, lnic, err),
-    failover_start(conn, lane, err), failover_end(conn, epoch, nactive, bytes_replayed),
-    failback(conn, lane);
+    failover_start(conn, lane, err), failover_end(conn, epoch, nactive, duration_ns) at the first
+    completion after the move, failback(conn, lane), fair_share(conn, epoch, duration_ns, rate);
     ``lnic`` indexes the plugin's NIC list ``nics`` (sorted auto-detected names or RAILHOP_NICS).
     """
 
@@ -188,6 +188,8 @@ class UsdtLaneTranslator:
             nic = self._name(idx)
             if nic is None or idx is None:
                 return None
+            if len(self._conn_nic) >= self.MAX_LANES:  # fair_share may never come
+                self._conn_nic.clear()
             self._conn_nic[(pid, conn)] = idx
             return LaneEvent(
                 EventType.FAILOVER_START,
@@ -198,12 +200,31 @@ class UsdtLaneTranslator:
                 t_ns=t,
                 error=abs(a[2]),
             )
-        if probe == "failover_end":
+        if probe == "failover_end":  # the NIC stays known: fair_share follows
+            nic = self._name(self._conn_nic.get((pid, conn)))
+            if nic is None:
+                return None
+            return LaneEvent(
+                EventType.FAILOVER_END,
+                pid,
+                nic,
+                conn_id=conn,
+                epoch=second & 0xFFFFFFFF,
+                t_ns=t,
+                duration_ns=max(0, a[3]),
+            )
+        if probe == "fair_share":
             nic = self._name(self._conn_nic.pop((pid, conn), None))
             if nic is None:
                 return None
             return LaneEvent(
-                EventType.FAILOVER_END, pid, nic, conn_id=conn, epoch=second & 0xFFFFFFFF, t_ns=t
+                EventType.FAIR_SHARE,
+                pid,
+                nic,
+                conn_id=conn,
+                epoch=second & 0xFFFFFFFF,
+                t_ns=t,
+                duration_ns=max(0, a[2]),
             )
         if probe == "failback":
             nic = self._name(self._lane_nic.get((pid, conn, second)))

@@ -51,6 +51,7 @@ USDT_PROBES = {
     4: "failover_end",
     5: "failback",
     6: "req_done",
+    7: "fair_share",
 }
 
 # rdma_cm_event_type (librdmacm rdma_cma.h)

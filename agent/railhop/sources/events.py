@@ -112,7 +112,8 @@ class CounterBreach(BaseEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PluginLaneEvent(BaseEvent):
-    """A plugin USDT probe (lane_up, lane_down, failover_start, failover_end, failback)."""
+    """A plugin USDT probe (lane_up, lane_down, failover_start, failover_end, failback,
+    fair_share)."""
 
     probe: str
     pid: int

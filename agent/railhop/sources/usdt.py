@@ -3,7 +3,8 @@
 Probes are read from the library's ``.note.stapsdt`` ELF notes by the pure :func:`stapsdt_notes`
 (name, argument count, semaphore). Attaching by path needs probes without semaphores (bcc can
 only bump a semaphore for a given pid); such probes are reported ``skipped``. Lane probes
-(lane_up, lane_down, failover_start, failover_end, failback) become :class:`PluginLaneEvent`s;
+(lane_up, lane_down, failover_start, failover_end, failback, fair_share) become
+:class:`PluginLaneEvent`s;
 ``req_done(lane, bytes, latency_ns)`` is aggregated in the kernel per (pid, lane) and read with
 :meth:`UsdtSource.lane_stats` (the completion tracing of the design).
 """
@@ -21,7 +22,14 @@ from railhop.sources.compose import ComposeError
 from railhop.sources.ebpf import EbpfSource, precheck, run_trials
 
 PROVIDER = "railhop"
-LANE_PROBES = ("lane_up", "lane_down", "failover_start", "failover_end", "failback")
+LANE_PROBES = (
+    "lane_up",
+    "lane_down",
+    "failover_start",
+    "failover_end",
+    "failback",
+    "fair_share",
+)
 ALL_PROBES = (*LANE_PROBES, "req_done")
 MAX_ARGS = 4
 LAT_BUCKETS = 40

@@ -17,7 +17,10 @@ A failover of NIC ``n`` (see docs/tracing.md for a picture)::
     railhop.failover                 first bad signal .. fail-back done (or escalation, or stop)
     ├── railhop.detection            first bad signal .. NIC declared DOWN (or plugin failover)
     ├── railhop.decision             the plan computed for n (policy, candidates, pairs, weights)
-    ├── railhop.migration  (x conns) FAILOVER_START .. FAILOVER_END of one connection (+ replay)
+    ├── railhop.migration  (x conns) FAILOVER_START .. FAILOVER_END of one connection: the first
+    │   │                            request completed after the move (replay included)
+    │   └── railhop.fair_share       FAILOVER_END .. the connection's rate back within 90 % of its
+    │                                share of the NICs left (FAIR_SHARE)
     ├── railhop.escalation           no backup pair, or a migration that did not finish in time
     └── railhop.failback             link back / RECOVERING .. NIC UP and every connection back
 
@@ -59,6 +62,7 @@ from railhop.tracing.spans import (
     ESCALATION,
     FAILBACK,
     FAILOVER,
+    FAIR_SHARE,
     MIGRATION,
     SCOPE_NAME,
     SERVICE_NAME_DEFAULT,
@@ -76,6 +80,7 @@ __all__ = [
     "ESCALATION",
     "FAILBACK",
     "FAILOVER",
+    "FAIR_SHARE",
     "K8S_ENV",
     "MIGRATION",
     "SCOPE_NAME",

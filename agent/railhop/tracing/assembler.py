@@ -17,6 +17,7 @@ from railhop.tracing.spans import (
     ESCALATION,
     FAILBACK,
     FAILOVER,
+    FAIR_SHARE,
     MIGRATION,
     Attrs,
     SpanDesc,
@@ -26,6 +27,20 @@ from railhop.tracing.spans import (
 )
 
 MAX_NICS = 1024  # NIC names remembered for detection signals
+MAX_RAMPS = 4096  # migrations that ended and await their FAIR_SHARE
+
+
+@dataclass(frozen=True)
+class _Ramp:
+    """A migration that ended (FAILOVER_END): its fair-share span comes with FAIR_SHARE, which
+    may arrive after the failover's own trace is over."""
+
+    trace_id: int
+    parent_id: int  # the migration span
+    nic: str
+    peer_pid: int
+    detect_ns: int  # FAILOVER_START (monotonic)
+    first_ns: int  # FAILOVER_END (monotonic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +180,7 @@ class FailoverAssembler:
         self._open: dict[str, _Failover] = {}
         self._signals: dict[str, list[Signal]] = {}
         self._states: dict[str, str] = {}  # nic -> health state value ("up", "down", ...)
+        self._ramps: dict[tuple[int, int], _Ramp] = {}
 
     # -- helpers
 
@@ -469,6 +485,7 @@ class FailoverAssembler:
                 "railhop.conn.epoch": ev.epoch,
                 "railhop.lane.id": mig.lane,
                 "railhop.migration.duration_ms": (ev.t_ns - start) / 1e6,
+                "railhop.migration.first_completion_ms": (ev.t_ns - start) / 1e6,
                 "railhop.migration.new_lanes": tuple(mig.new_lanes),
                 "railhop.migration.outcome": "escalated" if mig.escalated else "resumed",
             }
@@ -484,9 +501,40 @@ class FailoverAssembler:
                     fo, MIGRATION, start, ev.t_ns, attrs, span_id=mig.span_id, events=mig.events
                 )
             )
+            if len(self._ramps) >= MAX_RAMPS:
+                self._ramps.clear()
+            self._ramps[(ev.pid, ev.conn_id)] = _Ramp(
+                fo.trace_id, mig.span_id, fo.nic, mig.peer_pid, start, ev.t_ns
+            )
             fo.last_ns = max(fo.last_ns, ev.t_ns)
             if fo.health_up_ns is not None or not fo.health_down:
                 out += self._maybe_finish(fo, ev.t_ns)
+            return out
+        if ev.type is EventType.FAIR_SHARE:
+            ramp = self._ramps.pop((ev.pid, ev.conn_id), None)
+            if ramp is None:
+                return out
+            detect = ramp.detect_ns
+            if ev.duration_ns:
+                detect = min(detect, ev.t_ns - ev.duration_ns)
+            out.append(
+                SpanDesc(
+                    name=FAIR_SHARE,
+                    trace_id=ramp.trace_id,
+                    span_id=self._id(64),
+                    parent_id=ramp.parent_id,
+                    start_ns=self._wall(ramp.first_ns),
+                    end_ns=self._wall(max(ramp.first_ns, ev.t_ns)),
+                    attributes={
+                        "network.interface.name": ramp.nic,
+                        "process.pid": ramp.peer_pid,
+                        "railhop.process.pid": ev.pid,
+                        "railhop.conn.id": f"{ev.conn_id:#018x}",
+                        "railhop.migration.first_completion_ms": (ramp.first_ns - detect) / 1e6,
+                        "railhop.migration.fair_share_ms": (ev.t_ns - detect) / 1e6,
+                    },
+                )
+            )
             return out
         if ev.type is EventType.LANE_UP:
             mig = self._find_migration(ev.pid, ev.conn_id)

@@ -26,6 +26,7 @@ DECISION = "railhop.decision"
 MIGRATION = "railhop.migration"
 ESCALATION = "railhop.escalation"
 FAILBACK = "railhop.failback"
+FAIR_SHARE = "railhop.fair_share"
 
 
 class TracingError(Exception):

@@ -247,8 +247,13 @@ enum rh_lane_event_type {
 	RH_EV_LANE_TIMEOUT = 3, /* no progress on a cleared-to-send chunk for the timeout */
 	RH_EV_LANE_ERROR = 4, /* a transport error; `error` holds the errno */
 	RH_EV_FAILOVER_START = 5, /* a connection starts leaving `nic` */
-	RH_EV_FAILOVER_END = 6, /* traffic resumed; duration_ns since the start */
+	/* the first request completed (acknowledged by the receiver) after the move; duration_ns
+	 * since the start */
+	RH_EV_FAILOVER_END = 6,
 	RH_EV_FAILBACK = 7, /* traffic returned to the original pair `nic`/`remote_nic` */
+	/* the moved connection's completion rate is back within 90 % of its share of the NICs left
+	 * (its rate before the move x usable NICs after / before); duration_ns since the start */
+	RH_EV_FAIR_SHARE = 8,
 };
 
 struct rh_lane_event {
@@ -262,7 +267,7 @@ struct rh_lane_event {
 	uint32_t epoch; /* the connection's lane epoch */
 	uint32_t lane; /* lane index within the connection */
 	uint64_t t_ns; /* CLOCK_MONOTONIC when it happened */
-	uint64_t duration_ns; /* FAILOVER_END: since START; else 0 (reserved for TIMEOUT) */
+	uint64_t duration_ns; /* FAILOVER_END, FAIR_SHARE: since START; else 0 */
 	int32_t error; /* errno-style cause (positive), 0 if none */
 	uint32_t flags; /* reserved, senders write 0, the agent ignores unknown bits */
 	char nic[RH_CTL_IFNAME_LEN]; /* local NIC of the lane (non-empty) */

@@ -47,6 +47,8 @@ struct rh_sreq {
 	uint32_t gen; /* RH_GEN_NEW until its first chunk is scheduled */
 	uint64_t t_start_ns;
 	struct rh_sreq *qnext;
+	bool replay_unsent; /* replayed by the current move, not yet all handed to a lane */
+	bool replay_unacked; /* replayed by the current move, not yet acknowledged */
 	int nskip; /* replay: chunk runs the receiver already placed */
 	struct rh_run skip[RH_RESUME_RUNS];
 };
@@ -75,6 +77,26 @@ struct rh_listen;
 struct rh_fo {
 	bool active; /* a move is in progress */
 	uint64_t t_detect_ms; /* first detection of the current move */
+	uint64_t t_detect_ns; /* the same, for the timing marks (probes, lane events, WARN) */
+	/* Timing of the current move past the resume (rh_fo_completed): */
+	bool await_first; /* moved: FAILOVER_END at the first request completed after the move */
+	bool await_fair; /* first completion seen: FAIR_SHARE when the rate is back */
+	uint64_t t_moved_ns; /* sender: RESUME applied, receiver: RESUME record sent */
+	uint64_t t_first_ns; /* first completion after the move */
+	uint64_t bytes_replayed;
+	int replay_unsent, replay_unacked; /* sender: replayed requests not yet sent / acked */
+	int cause_err; /* the failure that started the move, for the WARN line */
+	char mark_cause[48];
+	int from_lnic, from_rnic; /* pair the move left */
+	bool failback_pending; /* sender: fail-back done, WARN at its first completion */
+	uint64_t t_failback_ns;
+	/* Completion rate (windows of >= RH_RATE_WIN_MS and >= RH_RATE_WIN_REQS completions):
+	 * the baseline is a moving average over windows outside any move; the fair-share target
+	 * is 90 % of it scaled by the usable local NICs after / before the move. */
+	uint64_t t_win_ns, win_bytes;
+	int win_reqs;
+	uint64_t base_Bps, target_Bps;
+	int base_nics;
 	/* What started the current move, for its one WARN line (logged by the sender at the first
 	 * completion after RESUME, by the receiver when it sends RESUME). */
 	int cause_lnic, cause_rnic;
@@ -241,6 +263,11 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
 void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* A request completed (sender: acknowledged by the receiver; receiver: every byte placed):
+ * the first-completion and fair-share marks of a move and the rate they are measured by. */
+void rh_fo_completed(struct rh_conn *c, uint64_t bytes); /* locked */
+/* Sender: request s was acknowledged (acked) or its last replayed chunk handed to a lane. */
+void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked); /* locked */
 /* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
 

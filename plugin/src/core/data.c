@@ -373,6 +373,7 @@ static void apply_bye_record(struct rh_conn *c, const struct rh_hdr *h, const ui
 			if (done || (!listed && s->seq < r->next_seq)) {
 				s->acked = true;
 				sendq_remove(c, s);
+				rh_fo_replay_progress(c, s, true);
 			}
 		}
 	}
@@ -393,10 +394,14 @@ static void rreq_check_slot(struct rh_conn *c, struct rh_rreq *q, int s, int lan
 	ack.total = q->total[s];
 	rh_conn_queue_ctrl(c, &ack, NULL, 0);
 	if (q->done_mask == (uint8_t)((1u << q->n) - 1)) {
+		uint64_t bytes = 0;
+
 		q->complete = true;
 		for (int k = 0; k < q->n; k++) {
 			RH_PROBE3(req_done, lane, q->total[k], rh_now_ns() - q->t_start_ns);
+			bytes += q->total[k];
 		}
+		rh_fo_completed(c, bytes);
 	}
 }
 
@@ -708,6 +713,7 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, s->next_chunk + 1);
 		if (s->next_chunk >= s->nchunks) {
 			sendq_remove(c, s);
+			rh_fo_replay_progress(c, s, false);
 		}
 		h.conn_id = c->id;
 		h.epoch = c->epoch;
@@ -761,6 +767,8 @@ static void on_ack(struct rh_conn *c, const struct rh_hdr *h, int lane)
 		rh_fo_first_completion(c);
 	}
 	RH_PROBE3(req_done, lane, s->size, rh_now_ns() - s->t_start_ns);
+	rh_fo_replay_progress(c, s, true);
+	rh_fo_completed(c, s->size);
 }
 
 void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p)

@@ -9,6 +9,7 @@
  * the RESUME/FAILREQ control frames, and the periodic tick. All functions run with the
  * connection lock held.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,9 @@
 #include "sched.h"
 
 #define RH_STABLE_MS 10000 /* a primary up this long resets the fail-back backoff */
+#define RH_RATE_WIN_MS 50 /* a rate window lasts at least this long ... */
+#define RH_RATE_WIN_REQS 4 /* ... and holds at least this many completions */
+#define RH_FAIR_GIVE_UP_MS 10000 /* no fair-share mark this long after the first completion */
 
 static bool nic_up(int i)
 {
@@ -202,7 +206,7 @@ static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 	int ne = rh_health_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
 
 	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
-	 * 1..4 (4 = half a primary lane's streams): the largest share maps to 4, the others in
+	 * 1..4 (4 = RAILHOP_BACKUP_STREAMS streams): the largest share maps to 4, the others in
 	 * proportion, a zero share (a fallback) to 1. */
 	for (int i = 0; i < ne; i++) {
 		wmax = e[i].weight > wmax ? e[i].weight : wmax;
@@ -342,7 +346,7 @@ static void open_backups(struct rh_conn *c)
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		int ns = (int)rh_param.STREAMS_PER_LANE * p[i].weight / 8;
+		int ns = (int)rh_param.BACKUP_STREAMS * p[i].weight / 4;
 		struct rh_lane *l;
 
 		if (ns < 1) {
@@ -363,6 +367,42 @@ static void open_backups(struct rh_conn *c)
 				now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 		}
 	}
+}
+
+static struct rh_lane *lane_by_id(struct rh_conn *c, uint32_t id)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->id == id) {
+			return c->lanes[i];
+		}
+	}
+	return NULL;
+}
+
+/* A move of this connection starts (its detection here, or the peer's word): the timing
+ * marks and the WARN line's cause start here; l is the lane it leaves (NULL: unknown). */
+static void start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
+{
+	c->fo.t_detect_ns = rh_now_ns();
+	c->fo.cause_err = err < 0 ? -err : err;
+	snprintf(c->fo.mark_cause, sizeof(c->fo.mark_cause), "%s", why);
+	c->fo.from_lnic = l ? l->lnic : c->lnic_orig;
+	c->fo.from_rnic = l ? l->rnic : c->rnic_orig;
+	c->fo.await_fair = false;
+	c->fo.failback_pending = false;
+	c->fo.t_win_ns = c->fo.t_detect_ns;
+	c->fo.win_bytes = 0;
+	c->fo.win_reqs = 0;
+}
+
+/* The move is applied (sender: RESUME taken and the replay queued; receiver: RESUME record
+ * sent): FAILOVER_END waits for the first request completed after it (rh_fo_completed). */
+static void moved(struct rh_conn *c, uint64_t bytes_replayed)
+{
+	c->fo.await_first = true;
+	c->fo.await_fair = false;
+	c->fo.t_moved_ns = rh_now_ns();
+	c->fo.bytes_replayed = bytes_replayed;
 }
 
 static void send_notify(struct rh_conn *c)
@@ -390,9 +430,8 @@ static void send_notify(struct rh_conn *c)
 			report_move(c, "RESUME sent");
 		}
 		c->fo.active = false;
-		RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
-				   (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull, 0);
+		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
+		moved(c, 0);
 		INFO("conn %016llx (recv): resume record sent, epoch %u", (unsigned long long)c->id,
 		     c->epoch);
 	}
@@ -442,7 +481,8 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}
-	WARN("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
+	/* INFO: the move's one WARN line is report_move()'s */
+	INFO("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
 	if (err != -ECONNRESET && err != -EPIPE && err != -ESTALE) {
@@ -489,6 +529,12 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		if (!c->fo.active) {
 			c->fo.active = true;
 			c->fo.t_detect_ms = now;
+			/* (a move that had no completion yet keeps its start: the stall the
+			 * application sees began there) */
+			if (!c->fo.await_first) {
+				start_marks(c, l, err, why);
+			}
+			c->fo.await_first = false;
 			c->fo.report_pending = false;
 			c->fo.cause_lnic = l->lnic;
 			c->fo.cause_rnic = l->rnic;
@@ -521,6 +567,8 @@ void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l)
 				o->retire_gen = c->gen;
 			}
 		}
+		c->fo.failback_pending = true;
+		c->fo.t_failback_ns = rh_now_ns();
 		RH_PROBE2(failback, c->id, l->id);
 		rh_conn_lane_event(c, l, RH_EVT_FAILBACK, 0, 0, 0);
 		WARN("conn %016llx (send): fail-back: %s -> peer NIC %d is healthy again (probe "
@@ -640,6 +688,15 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
 	}
 	rh_conn_queue_resume(c, true);
+	if (!c->fo.active && !c->fo.await_first) {
+		/* moved because the peer detected it: this side's marks start here */
+		start_marks(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
+			    "the peer lost the lane");
+	}
+	if (!c->fo.active) {
+		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
+		moved(c, 0);
+	}
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
 }
@@ -690,6 +747,11 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 		WARN("malformed RESUME record");
 		free(r);
 		return;
+	}
+	if (!c->fo.active && !c->fo.await_first) {
+		/* the receiver moved on its own: this side's marks start here */
+		start_marks(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
+			    "the peer lost the lane");
 	}
 	for (int k = 0; k < r->ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
@@ -772,6 +834,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 		if (!listed && s->seq < r->next_seq) {
 			done = true;
 		}
+		s->replay_unsent = s->replay_unacked = false;
 		if (done) {
 			s->acked = true;
 			acked++;
@@ -781,7 +844,12 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 		list[n++] = s;
 	}
 	qsort(list, n, sizeof(list[0]), cmp_sreq);
+	c->fo.replay_unsent = c->fo.replay_unacked = n;
+	if (n == 0) {
+		INFO("conn %016llx (send): nothing to replay", (unsigned long long)c->id);
+	}
 	for (int i = 0; i < n; i++) {
+		list[i]->replay_unsent = list[i]->replay_unacked = true;
 		list[i]->qnext = NULL;
 		list[i]->queued = true;
 		if (c->qtail) {
@@ -803,11 +871,10 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	}
 	c->fo.active = false;
 	c->fo.notify = false;
-	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
-	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0,
-			   (rh_now_ms() - c->fo.t_detect_ms) * 1000000ull, replayed_bytes);
-	INFO("conn %016llx (send): resumed at epoch %u: %d confirmed, %d replayed (%llu bytes) on %d "
-	     "lanes",
+	RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
+	moved(c, replayed_bytes);
+	INFO("conn %016llx (send): RESUME applied at epoch %u: %d confirmed, %d replayed (%llu "
+	     "bytes) on %d lanes",
 	     (unsigned long long)c->id, c->epoch, acked, replayed,
 	     (unsigned long long)replayed_bytes, rh_conn_active_lanes(c));
 	rh_conn_kick_data(c);
@@ -962,5 +1029,148 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			c->fo.failback_cookie = 0;
 			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
 		}
+	}
+}
+
+void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked)
+{
+	if (s->replay_unsent && (acked || s->next_chunk >= s->nchunks)) {
+		s->replay_unsent = false;
+		if (--c->fo.replay_unsent == 0) {
+			RH_PROBE3(replay_sent, c->id, c->epoch, rh_now_ns() - c->fo.t_detect_ns);
+			INFO("conn %016llx (send): replay sent, %.1f ms after detection",
+			     (unsigned long long)c->id, (rh_now_ns() - c->fo.t_detect_ns) / 1e6);
+		}
+	}
+	if (acked && s->replay_unacked) {
+		s->replay_unacked = false;
+		if (--c->fo.replay_unacked == 0) {
+			RH_PROBE3(replay_acked, c->id, c->epoch, rh_now_ns() - c->fo.t_detect_ns);
+			INFO("conn %016llx (send): replay acknowledged, %.1f ms after detection",
+			     (unsigned long long)c->id, (rh_now_ns() - c->fo.t_detect_ns) / 1e6);
+		}
+	}
+}
+
+/* Local NICs this connection can use: up, and not the one a move left while no lane of the
+ * connection is back on it (a blackholed NIC keeps its carrier). */
+static int usable_nics(struct rh_conn *c, int left)
+{
+	int n = 0;
+
+	for (int i = 0; i < rh_g.nnics; i++) {
+		bool used = false;
+
+		if (!nic_up(i)) {
+			continue;
+		}
+		for (int k = 0; k < c->nlanes && i == left; k++) {
+			used |= c->lanes[k]->state == RH_LANE_ACTIVE && c->lanes[k]->lnic == i;
+		}
+		n += i != left || used;
+	}
+	return n;
+}
+
+static void peer_name(struct rh_conn *c, int rnic, char *out, size_t len)
+{
+	struct in_addr a = { .s_addr = rnic >= 0 && rnic < c->nrnics ? c->rnics[rnic].ipv4 : 0 };
+
+	if (!inet_ntop(AF_INET, &a, out, (socklen_t)len)) {
+		snprintf(out, len, "?");
+	}
+}
+
+static void first_completion(struct rh_conn *c, uint64_t now)
+{
+	uint64_t dur = now - c->fo.t_detect_ns;
+	int before = c->fo.base_nics, after = usable_nics(c, c->fo.from_lnic);
+	char peer[INET_ADDRSTRLEN];
+
+	c->fo.await_first = false;
+	c->fo.t_first_ns = now;
+	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), dur);
+	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0, dur, c->fo.bytes_replayed);
+	peer_name(c, c->fo.from_rnic, peer, sizeof(peer));
+	/* INFO: the move's WARN line is report_move()'s */
+	INFO("conn %016llx (%s): failover off %s -> peer %s (NIC %d), cause: %s (%s); first "
+	     "completion %.1f ms after detection (moved at +%.1f ms, %llu bytes replayed, %d "
+	     "lane(s))",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv",
+	     rh_g.nics[c->fo.from_lnic].ifname, peer, c->fo.from_rnic, c->fo.mark_cause,
+	     strerror(c->fo.cause_err), dur / 1e6, (c->fo.t_moved_ns - c->fo.t_detect_ns) / 1e6,
+	     (unsigned long long)c->fo.bytes_replayed, rh_conn_active_lanes(c));
+	/* Fair share: this connection's part of the NICs left, 90 % of the baseline scaled by
+	 * usable NICs after / before (no baseline yet: no mark). */
+	c->fo.await_fair = c->fo.base_Bps > 0 && before > 0 && after > 0;
+	if (c->fo.await_fair) {
+		c->fo.target_Bps = c->fo.base_Bps * 9 / 10 * (uint64_t)after / (uint64_t)before;
+	}
+	c->fo.t_win_ns = now;
+	c->fo.win_bytes = 0;
+	c->fo.win_reqs = 0;
+}
+
+static void rate_window(struct rh_conn *c, uint64_t now, uint64_t rate)
+{
+	if (c->fo.await_fair) {
+		if (rate >= c->fo.target_Bps) {
+			uint64_t dur = now - c->fo.t_detect_ns;
+
+			c->fo.await_fair = false;
+			RH_PROBE4(fair_share, c->id, c->epoch, dur, rate);
+			rh_conn_lane_event(c, NULL, RH_EVT_FAIR_SHARE, 0, dur, 0);
+			INFO("conn %016llx (%s): at fair share %.1f ms after detection (%.1f ms after "
+			     "the first completion): %.1f MB/s >= %.1f MB/s",
+			     (unsigned long long)c->id, c->is_send ? "send" : "recv", dur / 1e6,
+			     (now - c->fo.t_first_ns) / 1e6, rate / 1e6, c->fo.target_Bps / 1e6);
+		} else if (now - c->fo.t_first_ns > RH_FAIR_GIVE_UP_MS * 1000000ull) {
+			c->fo.await_fair = false;
+			INFO("conn %016llx: not back at fair share %d ms after the first completion "
+			     "(%.1f MB/s < %.1f MB/s)",
+			     (unsigned long long)c->id, RH_FAIR_GIVE_UP_MS, rate / 1e6,
+			     c->fo.target_Bps / 1e6);
+		}
+		return;
+	}
+	if (!c->fo.active && !c->fo.await_first) {
+		c->fo.base_Bps = c->fo.base_Bps ? c->fo.base_Bps - c->fo.base_Bps / 8 + rate / 8 :
+						  rate;
+		c->fo.base_nics = usable_nics(c, -1);
+	}
+}
+
+void rh_fo_completed(struct rh_conn *c, uint64_t bytes)
+{
+	uint64_t now = rh_now_ns();
+
+	if (c->fo.await_first && !c->fo.active) {
+		first_completion(c, now);
+		return; /* the window starts here */
+	}
+	if (c->fo.failback_pending) {
+		char peer[INET_ADDRSTRLEN];
+
+		c->fo.failback_pending = false;
+		peer_name(c, c->rnic_orig, peer, sizeof(peer));
+		INFO("conn %016llx (send): fail-back to %s -> peer %s (NIC %d), cause: the original "
+		     "pair answers again; first completion %.1f ms after the fail-back",
+		     (unsigned long long)c->id, rh_g.nics[c->lnic_orig].ifname, peer, c->rnic_orig,
+		     (now - c->fo.t_failback_ns) / 1e6);
+	}
+	if (!c->fo.t_win_ns) {
+		c->fo.t_win_ns = now;
+		return;
+	}
+	c->fo.win_bytes += bytes;
+	c->fo.win_reqs++;
+	if (c->fo.win_reqs >= RH_RATE_WIN_REQS &&
+	    now - c->fo.t_win_ns >= RH_RATE_WIN_MS * 1000000ull) {
+		rate_window(
+			c, now,
+			(uint64_t)((double)c->fo.win_bytes * 1e9 / (double)(now - c->fo.t_win_ns)));
+		c->fo.t_win_ns = now;
+		c->fo.win_bytes = 0;
+		c->fo.win_reqs = 0;
 	}
 }

@@ -38,6 +38,7 @@ enum {
 	RH_EVT_FAILOVER_START = 5,
 	RH_EVT_FAILOVER_END = 6,
 	RH_EVT_FAILBACK = 7,
+	RH_EVT_FAIR_SHARE = 8,
 };
 
 /* One ranked backup for a local NIC. */

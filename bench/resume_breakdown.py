@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""Where the time goes between a NIC fault and the moved connections back at full rate (issue 18).
+
+Node 0 sends to node 1 through the plugin (harness: 8 connections, 512 KiB messages, 8 in flight
+per connection, every byte checked) on the emulated fabric (2 nodes x 4 NICs, ``tbf`` on both
+veth ends). Each round starts a fresh harness pair, lets every connection run for 3 s (the
+plugin's rate baseline), then faults node 0's nic1 (the connections 1 and 5 use it): carrier
+loss (the node-side veth goes down) or a silent blackhole (carrier up, every frame dropped).
+"agent" rounds use a railhop agent per node (netlink + eBPF sources) through the run directory;
+"alone" rounds a run directory nobody serves.
+
+Marks, in ms after the fault, from the sender's plugin log (the harness's timestamps; each mark
+is the LATEST over the hit connections, so a round's row says when every hit connection got
+there) and, for the stall, the receiver's per-connection progress (every 20 ms):
+
+  detect     the first sign: NIC marked down / agent SUSPECT or DOWN / a lane's no-progress
+             probe started / the lane failed
+  decide     the lane declared failed: the move is decided (or, moved on the peer's word, the
+             peer's RESUME applied)
+  open       the first backup lane's connect started
+  handshake  the first backup lane up (its HELLO is the pair's health probe)
+  resume     the peer's RESUME record applied: the new path confirmed end to end, the replay
+             queued
+  rp.sent    every replayed chunk handed to a lane (nothing to replay: at the resume)
+  rp.acked   every replayed message acknowledged (nothing to replay: at the resume)
+  first      the first request completed after the move (FAILOVER_END, the WARN line)
+  fair       the connection's completion rate back within 90 % of its share of the NICs left
+  stall      the longest gap between completions on ANY connection after the fault (receiver)
+
+Printed: the median over the rounds of each mark (missing marks are counted, not guessed).
+
+    sudo .venv/bin/python bench/resume_breakdown.py [--rounds 5] [--rates 1000] [--queues 5,50]
+         [--faults carrier,blackhole] [--agent alone,agent] [--full] [--env NAME=VALUE]
+         [--json out.json]
+
+The default matrix (1 Gbit/s, 5 ms and 50 ms queues, both faults, with and without the agent,
+5 rounds: 40 rounds) takes ~10 minutes on a 2-core VM; ``--full`` adds 200 Mbit/s and
+unlimited NICs (120 rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import _common
+
+_common.setup_import_path()
+
+from agent_bench import Agents, fresh  # noqa: E402
+from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
+from railhop_lab.harness import (  # noqa: E402
+    HarnessConfig,
+    HarnessRun,
+    longest_stall,
+    use_source_tree_build,
+    wait_for_bytes,
+)
+
+KiB, MiB = 1 << 10, 1 << 20
+CONNS = 8
+FAULT_NIC = 1
+WARM_S = 3.0  # traffic before the fault: the plugin's rate baseline
+AFTER_S = {"carrier": 3.0, "blackhole": 4.0}
+HEALED_S = 3.0  # traffic after the heal: fail-back, which is the agent's evidence the NIC is good
+# The shipped default (permissive) with flap damping that forgets within a round: every round
+# faults the same NIC, and a growing hold-off would keep it down into the next rounds.
+POLICY = (
+    (_common.REPO / "policies" / "permissive.yaml")
+    .read_text()
+    .replace("name: permissive", "name: bench-resume-breakdown")
+    .replace("holdoff_initial_ms: 1000", "holdoff_initial_ms: 300")
+    .replace("holdoff_max_ms: 60000", "holdoff_max_ms: 300")
+    .replace("reset_after_ms: 60000", "reset_after_ms: 1000")
+)
+AGENT = """
+import logging, sys
+from pathlib import Path
+from railhop import daemon
+logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                    format="%(asctime)s %(name)s %(levelname)s %(message)s")
+cfg = daemon.AgentConfig(
+    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"),
+    sources=tuple(x for x in sys.argv[2].split(",") if x), heartbeat_ms=100,
+    duration_s=float(sys.argv[3]), policy_path=Path(sys.argv[4]))
+sys.exit(daemon.run_agent(cfg))
+"""
+
+
+class PolicyAgents(Agents):
+    """agent_bench's agents (one per node, in its netns), with POLICY."""
+
+    def __init__(self, fab: Fabric, workdir: Path, sources: str, life: float = 3600) -> None:
+        self.fab, self.workdir, self.sources = fab, workdir, sources
+        env = {**os.environ, "PYTHONPATH": str(_common.REPO / "agent")}
+        self.procs: list[Any] = []
+        self.logs: list[Path] = []
+        workdir.mkdir(parents=True, exist_ok=True)
+        policy = workdir / "policy.yaml"
+        policy.write_text(POLICY)
+        for node in range(fab.nodes):
+            run_dir = workdir / f"run-node{node}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = workdir / f"agent{node}.log"
+            with log.open("w") as err:
+                argv = [sys.executable, "-c", AGENT, str(run_dir), sources, f"{life:g}"]
+                self.procs.append(fab.popen(node, [*argv, str(policy)], env, stderr=err))
+            self.logs.append(log)
+
+
+MARKS = (
+    "detect",
+    "decide",
+    "open",
+    "handshake",
+    "resume",
+    "rp.sent",
+    "rp.acked",
+    "first",
+    "fair",
+)
+
+LINE = re.compile(r"^\[\s*([0-9.]+)\] (.*)$", re.M)
+CONN = re.compile(r"conn ([0-9a-f]{16})")
+
+
+def parse_log(text: str) -> list[tuple[float, str]]:
+    return [(float(m.group(1)), m.group(2)) for m in LINE.finditer(text)]
+
+
+def mark_names(
+    s: str, mk: dict[str, float], failed: re.Pattern[str], moved: re.Pattern[str]
+) -> list[str]:
+    """The marks one log line of a hit connection sets (the first occurrence of each counts)."""
+    if "made no progress" in s:
+        return ["suspect"]
+    if failed.search(s):
+        return ["decide"]
+    if "opening lane" in s and "decide" in mk:
+        return ["open"]
+    if re.search(r"\(send\): lane \d+ up ", s) and "decide" in mk:
+        return ["handshake"]
+    if "RESUME applied" in s:
+        return ["resume", "decide"]
+    if "nothing to replay" in s:
+        return ["rp.sent", "rp.acked"]
+    if "replay sent" in s:
+        return ["rp.sent"]
+    if "replay acknowledged" in s:
+        return ["rp.acked"]
+    if moved.search(s):
+        return ["first"]
+    if "at fair share" in s and "first" in mk:
+        return ["fair"]
+    return []
+
+
+def marks(lines: Sequence[tuple[float, str]], nic: str, t_fault: float) -> dict[str, Any]:
+    """The marks of one round (ms after the fault; None: not reached by every hit connection)."""
+    after = [(t, s) for t, s in lines if t >= t_fault - 0.01]
+    node = [
+        t
+        for t, s in after
+        if f"NIC {nic} marked down" in s
+        or f"agent marks {nic} suspect" in s
+        or f"agent marks {nic} down" in s
+    ]
+    failed = re.compile(rf"\(send\): lane \d+ {nic} -> peer NIC \d+ failed")
+    moved = re.compile(rf"\(send\): failover off {nic} ")
+    hits: dict[str, dict[str, float]] = {}
+    for _t, s in after:
+        m = CONN.search(s)
+        if m is None:
+            continue
+        cid = m.group(1)
+        if failed.search(s) or moved.search(s):
+            hits.setdefault(cid, {})
+    for cid, mk in hits.items():
+        for t, s in after:
+            if cid in s:
+                for name in mark_names(s, mk, failed, moved):
+                    mk.setdefault(name, t)
+        mk["detect"] = min([mk.get("suspect", 1e9), mk.get("decide", 1e9), *node])
+    out: dict[str, Any] = {"hit": len(hits)}
+    for name in MARKS:
+        vals = [mk.get(name) for mk in hits.values()]
+        ok = bool(vals) and all(v is not None and v < 1e8 for v in vals)
+        out[name] = (max(v for v in vals if v is not None) - t_fault) * 1e3 if ok else None
+    return out
+
+
+def agents_settled(agents: Agents, nic: str, timeout: float = 10.0) -> bool:
+    """Until every agent's last word on ``nic`` is that it is up (bounded)."""
+    pat = re.compile(rf"{nic}: (\w+) -> (\w+)")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = [pat.findall(log.read_text()) for log in agents.logs]
+        if all(not x or x[-1][1] == "up" for x in last):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def one_round(
+    fab: Fabric, fault: str, workdir: Path, seed: int, extra_env: dict[str, str]
+) -> dict[str, Any]:
+    cfg = HarnessConfig(
+        conns=CONNS,
+        sizes=(512 * KiB,),
+        inflight=8,
+        duration=WARM_S + AFTER_S[fault] + HEALED_S + 1.0,
+        deadline=60.0,
+        interval_ms=20,
+        seed=seed,
+    )
+    env = {"RAILHOP_HARNESS_VERBOSE": "1", **extra_env}
+    with HarnessRun(fab, cfg, env=env, workdir=workdir) as run:
+        wait_for_bytes(run, 8 * MiB, timeout=30)
+        time.sleep(max(0.0, run.started_at + 1.0 + WARM_S - time.monotonic()))
+        t_fault = time.monotonic() - run.started_at
+        if fault == "carrier":
+            fab.carrier_down(0, FAULT_NIC)
+        else:
+            fab.blackhole(0, FAULT_NIC)
+        time.sleep(max(0.0, run.started_at + t_fault + AFTER_S[fault] - time.monotonic()))
+        fab.heal_all()
+        res = run.wait()
+        send_log = (workdir / "send.stderr").read_text()
+    fab.heal_all()
+    out = marks(parse_log(send_log), fab.ifname(FAULT_NIC), t_fault)
+    prog = res.recv.progress
+    end = t_fault + AFTER_S[fault] - 0.2
+    stalls = [longest_stall(prog, start=t_fault, end=end, conn=c) for c in range(CONNS)]
+    out["stall"] = max(stalls) * 1e3
+    out["ok"] = res.ok and res.data_errors == 0
+    return out
+
+
+def fmt(v: float | None) -> str:
+    return "       -" if v is None else f"{v:8.0f}"
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    s: dict[str, Any] = {"rounds": len(rows), "ok": sum(bool(r["ok"]) for r in rows)}
+    for name in (*MARKS, "stall"):
+        vals = [r[name] for r in rows if r.get(name) is not None]
+        s[name] = _common.median(vals) if vals else None
+        s[f"{name}_n"] = len(vals)
+    s["stall_max"] = max((r["stall"] for r in rows), default=None)
+    return s
+
+
+def header() -> str:
+    cols = " ".join(f"{m:>8}" for m in (*MARKS, "stall", "max"))
+    return f"{'rate':>6} {'queue':>5} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
+
+
+def row(rate: int | None, queue: int, fault: str, agent: str, s: dict[str, Any]) -> str:
+    r = "unlim" if rate is None else f"{rate}M"
+    q = "-" if rate is None else f"{queue}ms"
+    vals = " ".join(fmt(s[m]) for m in (*MARKS, "stall"))
+    misses = [m for m in MARKS if s[f"{m}_n"] < s["rounds"]]
+    note = f"  (missing in some rounds: {','.join(misses)})" if misses else ""
+    return (
+        f"{r:>6} {q:>5} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
+        f"{fmt(s['stall_max'])}{note}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rates", default="1000", help="Mbit/s per NIC, 0 = unlimited")
+    ap.add_argument("--queues", default="5,50", help="tbf queue (latency) in ms")
+    ap.add_argument("--faults", default="carrier,blackhole")
+    ap.add_argument("--agent", default="alone,agent")
+    ap.add_argument("--full", action="store_true", help="rates 200,1000,0")
+    ap.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for both plugins (repeatable)"
+    )
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    _common.need_root("resume_breakdown")
+    use_source_tree_build()
+    rates = [int(x) or None for x in ("200,1000,0" if args.full else args.rates).split(",")]
+    queues = [int(x) for x in args.queues.split(",")]
+    faults = [f for f in args.faults.split(",") if f]
+    modes = [m for m in args.agent.split(",") if m]
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    print(f"resume breakdown on {_common.machine()}, {_common.stamp()}")
+    print(f"{CONNS} connections, 512 KiB messages, 8 in flight; fault on node 0 nic1; ms after it")
+    if extra:
+        print("plugin environment: " + " ".join(f"{k}={v}" for k, v in extra.items()))
+    results: list[dict[str, Any]] = []
+    lines = [header()]
+    seed = 1
+    with tempfile.TemporaryDirectory(prefix="rh-breakdown-") as tmpd:
+        tmp = Path(tmpd)
+        first = rates[0]
+        with Fabric(
+            nodes=2,
+            nics=4,
+            rate_mbit=first,
+            queue_ms=queues[0],
+            prefix=unique_prefix("rhbd"),
+        ) as fab:
+            agents = None
+            served = tmp / "agent"
+            if "agent" in modes:
+                agents = PolicyAgents(fab, served, "netlink,ebpf")
+                print(f"agents ready in {agents.wait_ready():.1f} s")
+            try:
+                for rate in rates:
+                    for queue in queues if rate is not None else queues[:1]:
+                        fab.set_rate(rate, queue)
+                        for fault in faults:
+                            for mode in modes:
+                                rows = []
+                                for _ in range(args.rounds):
+                                    nic = fab.ifname(FAULT_NIC)
+                                    if agents is not None and not agents_settled(agents, nic):
+                                        # held (e.g. blackholed with no traffic to prove it
+                                        # good): start fresh agents
+                                        print(f"  (restarting the agents: {nic} held)")
+                                        agents.stop()
+                                        agents = PolicyAgents(fab, served, "netlink,ebpf")
+                                        agents.wait_ready()
+                                    wd = fresh(tmp, served if mode == "agent" else None)
+                                    seed += 1
+                                    rows.append(one_round(fab, fault, wd, seed, extra))
+                                s = summarize(rows)
+                                line = row(rate, queue, fault, mode, s)
+                                print(line, flush=True)
+                                lines.append(line)
+                                results.append(
+                                    {
+                                        "rate_mbit": rate,
+                                        "queue_ms": queue,
+                                        "fault": fault,
+                                        "agent": mode,
+                                        "summary": s,
+                                        "rounds": rows,
+                                    }
+                                )
+            finally:
+                if agents is not None:
+                    agents.stop()
+    print("\nmedian ms after the fault (stall, max: longest gap on any connection)")
+    print("\n".join(lines))
+    _common.write_json(
+        args.json, {"bench": "resume_breakdown", "date": _common.stamp(), "results": results}
+    )
+    return 0 if all(r["summary"]["ok"] == r["summary"]["rounds"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
