@@ -207,6 +207,22 @@ struct rh_global {
 
 extern struct rh_global rh_g;
 
+/* Local NIC i is usable now (no health source holds it down). */
+static inline bool rh_nic_is_up(int i)
+{
+	return __atomic_load_n(&rh_g.nics[i].up, __ATOMIC_ACQUIRE);
+}
+
+static inline bool rh_any_local_up(void)
+{
+	for (int i = 0; i < rh_g.nnics; i++) {
+		if (rh_nic_is_up(i)) {
+			return true;
+		}
+	}
+	return false;
+}
+
 /* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lanes/lane_ops.h) */
 /* A random id, never 0 nor UINT64_MAX, never blocking (connection, listen and probe ids). */
 uint64_t rh_random_id(void);
@@ -268,8 +284,23 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 void rh_fo_completed(struct rh_conn *c, uint64_t bytes); /* locked */
 /* Sender: request s was acknowledged (acked) or its last replayed chunk handed to a lane. */
 void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked); /* locked */
-/* Choose the (local, remote) pair of a new connection, avoiding NICs known down. */
+/* backup.c: choose the (local, remote) pair of a new connection, avoiding NICs known down;
+ * rank candidate backup pairs (excluding pairs in use and, unless ignore_bad, pairs that failed
+ * recently); the agent's plan applied to this connection (empty without a plan). */
+struct rh_pair;
 int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
+int rh_fo_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad); /* locked */
+int rh_fo_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max); /* locked */
+
+/* marks.c: the marks of a move (rh_fo_completed, rh_fo_replay_progress and
+ * rh_fo_first_completion above live there too) */
+/* A move starts: its detection here or the peer's word; l is the lane it leaves (or NULL). */
+void rh_fo_start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
+/* The move is applied (sender: RESUME taken, replay queued; receiver: RESUME record sent). */
+void rh_fo_moved(struct rh_conn *c, uint64_t bytes_replayed); /* locked */
+/* The move's one WARN line: the pair that failed, why, where the traffic went, and the time
+ * from detection to what `reached` names. */
+void rh_fo_report_move(struct rh_conn *c, const char *reached); /* locked */
 
 /* health.c (core/health.h is the public half) */
 struct rh_lane_info;

@@ -25,24 +25,6 @@
 #include "sched.h"
 
 #define RH_STABLE_MS 10000 /* a primary up this long resets the fail-back backoff */
-#define RH_RATE_WIN_MS 50 /* a rate window lasts at least this long ... */
-#define RH_RATE_WIN_REQS 4 /* ... and holds at least this many completions */
-#define RH_FAIR_GIVE_UP_MS 10000 /* no fair-share mark this long after the first completion */
-
-static bool nic_up(int i)
-{
-	return __atomic_load_n(&rh_g.nics[i].up, __ATOMIC_ACQUIRE);
-}
-
-static bool any_local_up(void)
-{
-	for (int i = 0; i < rh_g.nnics; i++) {
-		if (nic_up(i)) {
-			return true;
-		}
-	}
-	return false;
-}
 
 /* The one place that decides fatal vs recoverable for a lane failure (logs the reason). */
 static int classify(struct rh_conn *c, int err, const char **why)
@@ -51,208 +33,13 @@ static int classify(struct rh_conn *c, int err, const char **why)
 		*why = "peer closed the connection";
 		return -ECONNRESET;
 	}
-	if (!any_local_up()) {
+	if (!rh_any_local_up()) {
 		*why = "every local NIC is down";
 		return -ENETDOWN;
 	}
 	(void)err;
 	*why = NULL;
 	return 0; /* recoverable: move the traffic */
-}
-
-static void fill_rank_nics(struct rh_conn *c, struct rh_rank_nic *loc, struct rh_rank_nic *rem)
-{
-	for (int i = 0; i < rh_g.nnics; i++) {
-		loc[i].rail = rh_g.nics[i].rail;
-		loc[i].numa = rh_g.nics[i].numa;
-		loc[i].pci = rh_g.nics[i].pci;
-		loc[i].up = nic_up(i);
-		loc[i].load = 0;
-	}
-	for (int i = 0; i < c->nrnics; i++) {
-		rem[i].rail = c->rnics[i].rail;
-		rem[i].numa = c->rnics[i].numa;
-		rem[i].pci = c->rnics[i].pci;
-		rem[i].up = c->rnics[i].up || c->rnics[i].port;
-		rem[i].load = 0;
-	}
-	for (int i = 0; i < c->nlanes; i++) {
-		struct rh_lane *l = c->lanes[i];
-
-		if (l->state != RH_LANE_DEAD && !l->primary) {
-			loc[l->lnic].load++;
-			rem[l->rnic].load++;
-		}
-	}
-}
-
-/* Rank candidate pairs for this connection (excluding pairs in use and, unless
- * ignore_bad, pairs that failed recently). */
-static int rank_ex(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad)
-{
-	struct rh_rank_nic loc[RH_MAX_NICS], rem[RH_MAX_NICS];
-	bool excl[RH_MAX_NICS * RH_MAX_NICS] = { 0 };
-	struct rh_rank_in in;
-	uint64_t now = rh_now_ms();
-
-	rh_parse_rail_rule(rh_param.RAIL_RULE, &in.rule);
-	rh_parse_dist(rh_param.DISTANCE_LIMIT, &in.limit);
-	fill_rank_nics(c, loc, rem);
-	for (int l = 0; l < rh_g.nnics; l++) {
-		for (int r = 0; r < c->nrnics; r++) {
-			excl[l * c->nrnics + r] = !ignore_bad && c->fo.bad_until_ms[l][r] > now;
-		}
-	}
-	for (int i = 0; i < c->nlanes; i++) {
-		struct rh_lane *l = c->lanes[i];
-
-		/* a lane whose pair lies outside the tables (the peer's NIC table changed under
-		 * it, or its hello named NICs that do not exist) excludes nothing */
-		if (l->state != RH_LANE_DEAD && !l->bye_sent && l->lnic >= 0 &&
-		    l->lnic < rh_g.nnics && l->rnic >= 0 && l->rnic < c->nrnics) {
-			excl[l->lnic * c->nrnics + l->rnic] = true;
-		}
-	}
-	in.local = loc;
-	in.nlocal = rh_g.nnics;
-	in.remote = rem;
-	in.nremote = c->nrnics;
-	in.orig_local = c->lnic_orig;
-	in.orig_remote = c->rnic_orig;
-	in.exclude = excl;
-	return rh_rank_pairs(&in, out, max);
-}
-
-/* The lane that carries traffic after a move: an active one, the primary first. */
-static struct rh_lane *carrier_lane(struct rh_conn *c)
-{
-	struct rh_lane *best = NULL;
-
-	for (int i = 0; i < c->nlanes; i++) {
-		struct rh_lane *l = c->lanes[i];
-
-		if (l->state == RH_LANE_ACTIVE && (!best || (l->primary && !best->primary))) {
-			best = l;
-		}
-	}
-	return best;
-}
-
-/* The one WARN line of a move (grep-able as "railhop ... failover:"): the pair that failed, why,
- * where the traffic went and the time from detection to what `reached` names. */
-static void report_move(struct rh_conn *c, const char *reached)
-{
-	struct rh_lane *l = carrier_lane(c);
-	char to[64];
-
-	if (l) {
-		snprintf(to, sizeof(to), "%s -> peer NIC %d", rh_g.nics[l->lnic].ifname, l->rnic);
-	} else {
-		snprintf(to, sizeof(to), "no active lane");
-	}
-	WARN("conn %016llx (%s): failover: %s -> peer NIC %d failed (%s); now on %s, %llu ms from "
-	     "detection to %s",
-	     (unsigned long long)c->id, c->is_send ? "send" : "recv",
-	     c->fo.cause_lnic >= 0 && c->fo.cause_lnic < rh_g.nnics ?
-		     rh_g.nics[c->fo.cause_lnic].ifname :
-		     "?",
-	     c->fo.cause_rnic, c->fo.cause[0] ? c->fo.cause : "?", to,
-	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
-}
-
-void rh_fo_first_completion(struct rh_conn *c)
-{
-	if (c->fo.report_pending) {
-		c->fo.report_pending = false;
-		report_move(c, "the first completion");
-	}
-}
-
-static int rank(struct rh_conn *c, struct rh_pair *out, int max)
-{
-	return rank_ex(c, out, max, false);
-}
-
-int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
-{
-	struct rh_pair p[1];
-	uint64_t now = rh_now_ms();
-
-	if (nic_up(c->lnic_orig) && c->fo.bad_until_ms[c->lnic_orig][c->rnic_orig] <= now) {
-		*lnic = c->lnic_orig;
-		*rnic = c->rnic_orig;
-		return 0;
-	}
-	if (rank(c, p, 1) < 1) {
-		WARN("conn %016llx: no usable NIC pair for a new connection",
-		     (unsigned long long)c->id);
-		return any_local_up() ? -EHOSTUNREACH : -ENETDOWN;
-	}
-	INFO("conn %016llx: pair %s -> peer NIC %d is down or unreachable, connecting %s -> peer "
-	     "NIC %d instead",
-	     (unsigned long long)c->id, rh_g.nics[c->lnic_orig].ifname, c->rnic_orig,
-	     rh_g.nics[p[0].local].ifname, p[0].remote);
-	*lnic = p[0].local;
-	*rnic = p[0].remote;
-	return 0;
-}
-
-/* The agent's plan for the original local NIC, applied to this connection's peer: pairs whose
- * local NIC is up and whose pair is neither in use nor known bad. Empty without a plan. */
-static int plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
-{
-	struct rh_plan_entry e[16];
-	uint64_t now = rh_now_ms();
-	int ne = rh_health_plan_for(c->lnic_orig, e, 16), n = 0, wmax = 0;
-
-	/* Plan weights are shares (the agent writes share x 10000); the ranking's weights are
-	 * 1..4 (4 = RAILHOP_BACKUP_STREAMS streams): the largest share maps to 4, the others in
-	 * proportion, a zero share (a fallback) to 1. */
-	for (int i = 0; i < ne; i++) {
-		wmax = e[i].weight > wmax ? e[i].weight : wmax;
-	}
-
-	for (int i = 0; i < ne && n < max; i++) {
-		int best = -1;
-
-		if (e[i].lnic >= rh_g.nnics || !nic_up(e[i].lnic)) {
-			continue;
-		}
-		for (int r = 0; r < c->nrnics; r++) {
-			bool used = c->fo.bad_until_ms[e[i].lnic][r] > now;
-
-			if (e[i].remote_rail >= 0 && c->rnics[r].rail != e[i].remote_rail) {
-				continue;
-			}
-			for (int k = 0; k < c->nlanes; k++) {
-				used |= c->lanes[k]->state != RH_LANE_DEAD &&
-					!c->lanes[k]->bye_sent && c->lanes[k]->lnic == e[i].lnic &&
-					c->lanes[k]->rnic == r;
-			}
-			for (int k = 0; k < n; k++) {
-				used |= out[k].local == e[i].lnic && out[k].remote == r;
-			}
-			if (!used && (best < 0 || r == c->rnic_orig)) {
-				best = r;
-			}
-		}
-		if (best >= 0) {
-			out[n].local = e[i].lnic;
-			out[n].remote = best;
-			out[n].dist = RH_DIST_NODE;
-			out[n].share = (uint32_t)e[i].weight;
-			out[n].weight = wmax > 0 ? (4 * e[i].weight + wmax / 2) / wmax : 1;
-			if (out[n].weight < 1) {
-				out[n].weight = 1;
-			}
-			n++;
-		}
-	}
-	if (n) {
-		INFO("conn %016llx: %d backup pair(s) from the agent's plan",
-		     (unsigned long long)c->id, n);
-	}
-	return n;
 }
 
 static int count_state(struct rh_conn *c, enum rh_lane_state st)
@@ -330,16 +117,16 @@ static void open_backups(struct rh_conn *c)
 	if (c->fo.active && now >= c->fo.t_escalate_ms && count_state(c, RH_LANE_ACTIVE) == 0) {
 		return; /* past the escalation bound: only lanes already in flight may still save it */
 	}
-	n = plan_pairs(c, p, want - have);
+	n = rh_fo_plan_pairs(c, p, want - have);
 	if (n == 0) {
-		n = rank(c, p, want - have);
+		n = rh_fo_rank(c, p, want - have, false);
 	}
 	if (n == 0 && have == 0 && c->fo.active && c->fo.reprobes < 1 &&
 	    now + (uint64_t)rh_param.PROBE_TIMEOUT <= c->fo.t_escalate_ms) {
 		/* Every candidate failed its probe: probe them all once more before giving up (a
 		 * probe lost to congestion must not end the connection). */
 		c->fo.reprobes++;
-		n = rank_ex(c, p, want, true);
+		n = rh_fo_rank(c, p, want, true);
 		if (n) {
 			INFO("conn %016llx: every backup pair failed, re-probing %d",
 			     (unsigned long long)c->id, n);
@@ -379,32 +166,6 @@ static struct rh_lane *lane_by_id(struct rh_conn *c, uint32_t id)
 	return NULL;
 }
 
-/* A move of this connection starts (its detection here, or the peer's word): the timing
- * marks and the WARN line's cause start here; l is the lane it leaves (NULL: unknown). */
-static void start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
-{
-	c->fo.t_detect_ns = rh_now_ns();
-	c->fo.cause_err = err < 0 ? -err : err;
-	snprintf(c->fo.mark_cause, sizeof(c->fo.mark_cause), "%s", why);
-	c->fo.from_lnic = l ? l->lnic : c->lnic_orig;
-	c->fo.from_rnic = l ? l->rnic : c->rnic_orig;
-	c->fo.await_fair = false;
-	c->fo.failback_pending = false;
-	c->fo.t_win_ns = c->fo.t_detect_ns;
-	c->fo.win_bytes = 0;
-	c->fo.win_reqs = 0;
-}
-
-/* The move is applied (sender: RESUME taken and the replay queued; receiver: RESUME record
- * sent): FAILOVER_END waits for the first request completed after it (rh_fo_completed). */
-static void moved(struct rh_conn *c, uint64_t bytes_replayed)
-{
-	c->fo.await_first = true;
-	c->fo.await_fair = false;
-	c->fo.t_moved_ns = rh_now_ns();
-	c->fo.bytes_replayed = bytes_replayed;
-}
-
 static void send_notify(struct rh_conn *c)
 {
 	uint8_t buf[1 + 4 * RH_MAX_DEAD];
@@ -427,11 +188,11 @@ static void send_notify(struct rh_conn *c)
 		}
 		rh_conn_queue_resume(c, false);
 		if (c->fo.active) {
-			report_move(c, "RESUME sent");
+			rh_fo_report_move(c, "RESUME sent");
 		}
 		c->fo.active = false;
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		moved(c, 0);
+		rh_fo_moved(c, 0);
 		INFO("conn %016llx (recv): resume record sent, epoch %u", (unsigned long long)c->id,
 		     c->epoch);
 	}
@@ -453,7 +214,7 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 
 	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
 	    now >= c->fo.t_escalate_ms + grace) {
-		rh_conn_fail(c, any_local_up() ? -EHOSTUNREACH : -ENETDOWN,
+		rh_conn_fail(c, rh_any_local_up() ? -EHOSTUNREACH : -ENETDOWN,
 			     "no compatible NIC pair left");
 	}
 }
@@ -481,7 +242,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}
-	/* INFO: the move's one WARN line is report_move()'s */
+	/* INFO: the move's one WARN line is rh_fo_report_move()'s */
 	INFO("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
@@ -532,7 +293,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 			/* (a move that had no completion yet keeps its start: the stall the
 			 * application sees began there) */
 			if (!c->fo.await_first) {
-				start_marks(c, l, err, why);
+				rh_fo_start_marks(c, l, err, why);
 			}
 			c->fo.await_first = false;
 			c->fo.report_pending = false;
@@ -690,12 +451,12 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 	rh_conn_queue_resume(c, true);
 	if (!c->fo.active && !c->fo.await_first) {
 		/* moved because the peer detected it: this side's marks start here */
-		start_marks(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
-			    "the peer lost the lane");
+		rh_fo_start_marks(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
+				  "the peer lost the lane");
 	}
 	if (!c->fo.active) {
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		moved(c, 0);
+		rh_fo_moved(c, 0);
 	}
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
@@ -750,8 +511,8 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	}
 	if (!c->fo.active && !c->fo.await_first) {
 		/* the receiver moved on its own: this side's marks start here */
-		start_marks(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
-			    "the peer lost the lane");
+		rh_fo_start_marks(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
+				  "the peer lost the lane");
 	}
 	for (int k = 0; k < r->ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
@@ -872,7 +633,7 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	c->fo.active = false;
 	c->fo.notify = false;
 	RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
-	moved(c, replayed_bytes);
+	rh_fo_moved(c, replayed_bytes);
 	INFO("conn %016llx (send): RESUME applied at epoch %u: %d confirmed, %d replayed (%llu "
 	     "bytes) on %d lanes",
 	     (unsigned long long)c->id, c->epoch, acked, replayed,
@@ -1020,7 +781,7 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 		}
 	}
 	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
-	    now >= c->fo.t_next_failback_ms && nic_up(c->lnic_orig) && !primary_alive(c)) {
+	    now >= c->fo.t_next_failback_ms && rh_nic_is_up(c->lnic_orig) && !primary_alive(c)) {
 		c->fo.failback_cookie = rh_random_id();
 		c->fo.t_failback_probe_ms = now;
 		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
@@ -1029,148 +790,5 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			c->fo.failback_cookie = 0;
 			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
 		}
-	}
-}
-
-void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked)
-{
-	if (s->replay_unsent && (acked || s->next_chunk >= s->nchunks)) {
-		s->replay_unsent = false;
-		if (--c->fo.replay_unsent == 0) {
-			RH_PROBE3(replay_sent, c->id, c->epoch, rh_now_ns() - c->fo.t_detect_ns);
-			INFO("conn %016llx (send): replay sent, %.1f ms after detection",
-			     (unsigned long long)c->id, (rh_now_ns() - c->fo.t_detect_ns) / 1e6);
-		}
-	}
-	if (acked && s->replay_unacked) {
-		s->replay_unacked = false;
-		if (--c->fo.replay_unacked == 0) {
-			RH_PROBE3(replay_acked, c->id, c->epoch, rh_now_ns() - c->fo.t_detect_ns);
-			INFO("conn %016llx (send): replay acknowledged, %.1f ms after detection",
-			     (unsigned long long)c->id, (rh_now_ns() - c->fo.t_detect_ns) / 1e6);
-		}
-	}
-}
-
-/* Local NICs this connection can use: up, and not the one a move left while no lane of the
- * connection is back on it (a blackholed NIC keeps its carrier). */
-static int usable_nics(struct rh_conn *c, int left)
-{
-	int n = 0;
-
-	for (int i = 0; i < rh_g.nnics; i++) {
-		bool used = false;
-
-		if (!nic_up(i)) {
-			continue;
-		}
-		for (int k = 0; k < c->nlanes && i == left; k++) {
-			used |= c->lanes[k]->state == RH_LANE_ACTIVE && c->lanes[k]->lnic == i;
-		}
-		n += i != left || used;
-	}
-	return n;
-}
-
-static void peer_name(struct rh_conn *c, int rnic, char *out, size_t len)
-{
-	struct in_addr a = { .s_addr = rnic >= 0 && rnic < c->nrnics ? c->rnics[rnic].ipv4 : 0 };
-
-	if (!inet_ntop(AF_INET, &a, out, (socklen_t)len)) {
-		snprintf(out, len, "?");
-	}
-}
-
-static void first_completion(struct rh_conn *c, uint64_t now)
-{
-	uint64_t dur = now - c->fo.t_detect_ns;
-	int before = c->fo.base_nics, after = usable_nics(c, c->fo.from_lnic);
-	char peer[INET_ADDRSTRLEN];
-
-	c->fo.await_first = false;
-	c->fo.t_first_ns = now;
-	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), dur);
-	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0, dur, c->fo.bytes_replayed);
-	peer_name(c, c->fo.from_rnic, peer, sizeof(peer));
-	/* INFO: the move's WARN line is report_move()'s */
-	INFO("conn %016llx (%s): failover off %s -> peer %s (NIC %d), cause: %s (%s); first "
-	     "completion %.1f ms after detection (moved at +%.1f ms, %llu bytes replayed, %d "
-	     "lane(s))",
-	     (unsigned long long)c->id, c->is_send ? "send" : "recv",
-	     rh_g.nics[c->fo.from_lnic].ifname, peer, c->fo.from_rnic, c->fo.mark_cause,
-	     strerror(c->fo.cause_err), dur / 1e6, (c->fo.t_moved_ns - c->fo.t_detect_ns) / 1e6,
-	     (unsigned long long)c->fo.bytes_replayed, rh_conn_active_lanes(c));
-	/* Fair share: this connection's part of the NICs left, 90 % of the baseline scaled by
-	 * usable NICs after / before (no baseline yet: no mark). */
-	c->fo.await_fair = c->fo.base_Bps > 0 && before > 0 && after > 0;
-	if (c->fo.await_fair) {
-		c->fo.target_Bps = c->fo.base_Bps * 9 / 10 * (uint64_t)after / (uint64_t)before;
-	}
-	c->fo.t_win_ns = now;
-	c->fo.win_bytes = 0;
-	c->fo.win_reqs = 0;
-}
-
-static void rate_window(struct rh_conn *c, uint64_t now, uint64_t rate)
-{
-	if (c->fo.await_fair) {
-		if (rate >= c->fo.target_Bps) {
-			uint64_t dur = now - c->fo.t_detect_ns;
-
-			c->fo.await_fair = false;
-			RH_PROBE4(fair_share, c->id, c->epoch, dur, rate);
-			rh_conn_lane_event(c, NULL, RH_EVT_FAIR_SHARE, 0, dur, 0);
-			INFO("conn %016llx (%s): at fair share %.1f ms after detection (%.1f ms after "
-			     "the first completion): %.1f MB/s >= %.1f MB/s",
-			     (unsigned long long)c->id, c->is_send ? "send" : "recv", dur / 1e6,
-			     (now - c->fo.t_first_ns) / 1e6, rate / 1e6, c->fo.target_Bps / 1e6);
-		} else if (now - c->fo.t_first_ns > RH_FAIR_GIVE_UP_MS * 1000000ull) {
-			c->fo.await_fair = false;
-			INFO("conn %016llx: not back at fair share %d ms after the first completion "
-			     "(%.1f MB/s < %.1f MB/s)",
-			     (unsigned long long)c->id, RH_FAIR_GIVE_UP_MS, rate / 1e6,
-			     c->fo.target_Bps / 1e6);
-		}
-		return;
-	}
-	if (!c->fo.active && !c->fo.await_first) {
-		c->fo.base_Bps = c->fo.base_Bps ? c->fo.base_Bps - c->fo.base_Bps / 8 + rate / 8 :
-						  rate;
-		c->fo.base_nics = usable_nics(c, -1);
-	}
-}
-
-void rh_fo_completed(struct rh_conn *c, uint64_t bytes)
-{
-	uint64_t now = rh_now_ns();
-
-	if (c->fo.await_first && !c->fo.active) {
-		first_completion(c, now);
-		return; /* the window starts here */
-	}
-	if (c->fo.failback_pending) {
-		char peer[INET_ADDRSTRLEN];
-
-		c->fo.failback_pending = false;
-		peer_name(c, c->rnic_orig, peer, sizeof(peer));
-		INFO("conn %016llx (send): fail-back to %s -> peer %s (NIC %d), cause: the original "
-		     "pair answers again; first completion %.1f ms after the fail-back",
-		     (unsigned long long)c->id, rh_g.nics[c->lnic_orig].ifname, peer, c->rnic_orig,
-		     (now - c->fo.t_failback_ns) / 1e6);
-	}
-	if (!c->fo.t_win_ns) {
-		c->fo.t_win_ns = now;
-		return;
-	}
-	c->fo.win_bytes += bytes;
-	c->fo.win_reqs++;
-	if (c->fo.win_reqs >= RH_RATE_WIN_REQS &&
-	    now - c->fo.t_win_ns >= RH_RATE_WIN_MS * 1000000ull) {
-		rate_window(
-			c, now,
-			(uint64_t)((double)c->fo.win_bytes * 1e9 / (double)(now - c->fo.t_win_ns)));
-		c->fo.t_win_ns = now;
-		c->fo.win_bytes = 0;
-		c->fo.win_reqs = 0;
 	}
 }
