@@ -820,6 +820,21 @@ class Cycle:
         for nic in range(4):
             fab.heal(DEAD, nic)
         p["heal_call_s"] = time.time() - p["t_heal"]
+        if self.agents is not None:
+            # the recipe's grow step: once every node's agent publishes its NICs up again (its
+            # flap damping holds a healed NIC down for a while, and the plugins follow the
+            # table: a new connection over a NIC still published down is refused at once)
+            def all_up() -> bool:
+                h = self.agents.health()
+                return all(n.split()[1:2] == ["up"] for nics in h.values() for n in nics)
+
+            up = self.wait(all_up, a.agent_ready_s)
+            p["agents_up_after_heal_s"] = time.time() - p["t_heal"] if up else None
+            self.mark(
+                "phase 3: every agent publishes its NICs up"
+                if up
+                else "phase 3: not every NIC published up within --agent-ready-s"
+            )
         self.touch("stop.p2")
         got = self.wait(lambda: self.all_have(("grow",)), a.init_bound + a.step_bound + 30)
         if not got:
@@ -1073,6 +1088,12 @@ def summarize(results: dict[str, Any]) -> tuple[list[str], bool]:
                 f"{fmt(p3.get('full_ready_after_heal_s'))} s after the heal (init "
                 f"{', '.join(fmt(x, '.3f') for x in p3.get('init_s') or [])} s), first step "
                 f"{fmt(p3.get('resumed_after_heal_s'))} s, {p3.get('steps_full')} checked steps"
+                + (
+                    f" (agents published every NIC up {fmt(p3.get('agents_up_after_heal_s'))} s "
+                    "after the heal; the grow waited for it)"
+                    if "agents_up_after_heal_s" in p3
+                    else ""
+                )
             )
         lines.append(
             f"{head} wrong values {rep.get('wrong_values')}, completed {rep.get('done')}, "
@@ -1191,8 +1212,14 @@ def main() -> int:
                 _common.write_json(jpath, results)
                 logf.write(f"######## {v} #{idx}\n")
                 for p in sorted(cyc.d.rglob("*.log")):
+                    text = p.read_text(errors="replace").splitlines()
                     logf.write(f"===== {p.name}\n")
-                    logf.write("\n".join(p.read_text(errors="replace").splitlines()[-60:]) + "\n")
+                    logf.write("\n".join(text[-60:]) + "\n")
+                    # the plugin's own lines in full (what `grep railhop` in a job log shows)
+                    ours = [x for x in text[:-60] if "NET/railhop" in x and " via NET/" not in x]
+                    if ours:
+                        logf.write(f"===== {p.name}: earlier railhop lines\n")
+                        logf.write("\n".join(ours) + "\n")
                 logf.flush()
                 if cyc.agents is not None:
                     with (out_dir / f"gpu_cycle_traces.{idx}.jsonl").open("w") as tf:
