@@ -600,7 +600,10 @@ RDMA_DRV = H.ProbeSpec(
                         H.funcs("ib_dispatch_event"),
                         H.offsets(
                             RH_OFF_IBEV_DEVICE=("ib_event", "device"),
-                            RH_OFF_IBEV_PORT=("ib_event", "port_num"),
+                            # port_num is a member of the union ib_event.element (with the
+                            # cq/qp/srq/wq pointers), so the union's offset is the port's: a
+                            # GPU host's BTF (6.18) has no ib_event.port_num at top level
+                            RH_OFF_IBEV_PORT=("ib_event", "element"),
                             RH_OFF_IBEV_EVENT=("ib_event", "event"),
                             RH_OFF_IBDEV_NAME=("ib_device", "name"),
                         ),
