@@ -47,6 +47,18 @@ def torch_problem(gpus: int = 2) -> tuple[str, str | None]:
     return version, (f"needs {gpus} GPUs, found {n}" if n < gpus else None)
 
 
+def torch_for(fake: bool, gpus: int) -> str | None:
+    """The torch version a run reports ("fake" for CPU stand-in ranks), or None after printing
+    why a GPU run cannot go ahead."""
+    if fake:
+        return "fake"
+    tv, why = torch_problem(gpus=gpus)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return None
+    return tv
+
+
 def init_process_group(cfg: Mapping[str, Any]) -> None:
     """In a worker: torch's NCCL process group of the two ranks, rendezvous at the master's
     fabric address (``cfg``: rank, master, port, pg_timeout)."""

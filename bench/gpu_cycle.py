@@ -1168,12 +1168,9 @@ def main() -> int:
     _common.setup_import_path()
     from railhop_lab.fabric import Fabric, unique_prefix
 
-    tv = "fake"
-    if not args.fake:
-        tv, why = _gpu.torch_problem(gpus=1)
-        if why is not None:
-            print(why, file=sys.stderr)
-            return 2
+    tv = _gpu.torch_for(args.fake, gpus=1)
+    if tv is None:
+        return 2
     print(
         f"railhop 4-rank fault-tolerance cycle | {_common.stamp()} | {_common.machine()} "
         f"| torch {tv}"

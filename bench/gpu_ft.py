@@ -734,12 +734,9 @@ def main() -> int:
     _common.setup_import_path()
     from railhop_lab.fabric import Fabric, unique_prefix
 
-    tv = "fake"
-    if not args.fake:
-        tv, why = _gpu.torch_problem(gpus=2)
-        if why is not None:
-            print(why, file=sys.stderr)
-            return 2
+    tv = _gpu.torch_for(args.fake, gpus=2)
+    if tv is None:
+        return 2
     scens = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     print(f"railhop GPU fault tolerance | {_common.stamp()} | {_common.machine()} | torch {tv}")
     print(f"  scenarios {scens}, transports {trs}, size {args.size / MiB:.0f} MiB", flush=True)
