@@ -33,6 +33,8 @@ void rh_failover_start(int conn, int lane) { DTRACE_PROBE2(railhop, failover_sta
 void rh_failover_end(int conn, int lane, int64_t ns)
 { DTRACE_PROBE3(railhop, failover_end, conn, lane, ns); }
 void rh_failback(int conn, int lane) { DTRACE_PROBE2(railhop, failback, conn, lane); }
+void rh_fair_share(int conn, int epoch, int64_t ns, uint64_t rate)
+{ DTRACE_PROBE4(railhop, fair_share, conn, epoch, ns, rate); }
 void rh_req_done(int lane, uint64_t bytes, uint64_t lat)
 { DTRACE_PROBE3(railhop, req_done, lane, bytes, lat); }
 """
@@ -43,11 +45,13 @@ import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
 lib.rh_req_done.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
 lib.rh_failover_end.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64]
+lib.rh_fair_share.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_uint64]
 lib.rh_lane_up(1, 2)
 lib.rh_lane_down(1, 2, -110)
 lib.rh_failover_start(7, 1)
 lib.rh_failover_end(7, 3, 123456789)
 lib.rh_failback(7, 1)
+lib.rh_fair_share(7, 3, 234567890, 1000000)
 for k in range(1000):
     lib.rh_req_done(k % 4, 4096 + k, 1000 * (k % 50 + 1))
 print("done", flush=True)
@@ -105,7 +109,7 @@ def test_usdt_lane_events_and_completion_totals(fake_lib: Path) -> None:
         }
         assert all(v.run_time_ns > 0 for v in runs.values()), runs
         assert out.stdout.strip() == "done"
-        assert _wait(lambda: len(events) >= 5, 5.0), events
+        assert _wait(lambda: len(events) >= 6, 5.0), events
         lane = [e for e in events if isinstance(e, PluginLaneEvent)]
         got = [(e.probe, e.args) for e in lane]
         assert got == [
@@ -114,6 +118,7 @@ def test_usdt_lane_events_and_completion_totals(fake_lib: Path) -> None:
             ("failover_start", (7, 1, 0, 0)),
             ("failover_end", (7, 3, 123456789, 0)),
             ("failback", (7, 1, 0, 0)),
+            ("fair_share", (7, 3, 234567890, 1000000)),
         ]
         assert len({e.pid for e in lane}) == 1 and lane[0].pid != os.getpid()
         ts = [e.ts_ns for e in lane]
