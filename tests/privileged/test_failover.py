@@ -147,7 +147,7 @@ def test_carrier_loss(fab: Fabric, lanes: dict[str, str], where: Carrier) -> Non
 # detected the failure logs it (the sender at its first completion after RESUME, the receiver
 # when it sends RESUME); whichever side detects first, at least one of them does.
 MOVE_LINE = re.compile(
-    r"\[ALL\] NET/railhop report_move: conn [0-9a-f]+ \((send|recv)\): failover: (\S+) -> "
+    r"\[ALL\] NET/railhop \S*report_move: conn [0-9a-f]+ \((send|recv)\): failover: (\S+) -> "
     r"peer NIC (\d+) failed \((.+)\); now on (\S+) -> peer NIC \d+, (\d+) ms from detection "
     r"to (the first completion|RESUME sent)"
 )
