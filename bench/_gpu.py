@@ -35,6 +35,23 @@ def root_problem() -> str | None:
     return None
 
 
+def emit(obj: dict[str, Any]) -> None:
+    """A worker's JSON line on stdout (timestamped), flushed at once."""
+    obj.setdefault("t", time.time())
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def bounded(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any, float]:
+    """Run a blocking C call in a thread: (returned, value, seconds)."""
+    box: list[Any] = []
+    t0 = time.monotonic()
+    th = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    th.start()
+    th.join(timeout)
+    return (not th.is_alive(), box[0] if box else None, time.monotonic() - t0)
+
+
 def torch_problem(gpus: int = 2) -> tuple[str, str | None]:
     """(torch version, why a GPU run cannot go ahead or None)."""
     try:

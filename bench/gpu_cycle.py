@@ -44,7 +44,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,10 +64,7 @@ DEAD = 3  # the rank whose node loses every NIC in phase 2
 # Worker (one rank in its node's netns): JSON lines on stdout
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    obj.setdefault("t", time.time())
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+_emit = _gpu.emit
 
 
 def _exit(code: int) -> None:
@@ -95,14 +91,7 @@ def _wait_file(p: Path, timeout: float) -> bool:
     return p.exists()
 
 
-def _bounded(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any, float]:
-    """Run a blocking C call in a thread: (returned, value, seconds)."""
-    box: list[Any] = []
-    t0 = time.monotonic()
-    th = threading.Thread(target=lambda: box.append(fn()), daemon=True)
-    th.start()
-    th.join(timeout)
-    return (not th.is_alive(), box[0] if box else None, time.monotonic() - t0)
+_bounded = _gpu.bounded
 
 
 class Failed(Exception):

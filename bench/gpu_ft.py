@@ -38,9 +38,7 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +53,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 # Worker side (one rank, inside a node's netns). JSON lines on stdout.
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    obj.setdefault("t", time.time())
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+_emit = _gpu.emit
 
 
 def _wait_file(p: Path, deadline: float) -> bool:
@@ -79,14 +74,7 @@ def _write_atomic(p: Path, data: bytes | str) -> None:
     os.replace(tmp, p)
 
 
-def _bounded(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any, float]:
-    """Run a blocking C call in a thread: (returned, value, seconds)."""
-    box: list[Any] = []
-    t0 = time.monotonic()
-    th = threading.Thread(target=lambda: box.append(fn()), daemon=True)
-    th.start()
-    th.join(timeout)
-    return (not th.is_alive(), box[0] if box else None, time.monotonic() - t0)
+_bounded = _gpu.bounded
 
 
 def _exit(code: int) -> None:
