@@ -125,11 +125,21 @@ def resumed_after(res: HarnessResult, conn: int, t_fault: float) -> float:
 
 
 def moved_at(side_stderr: str, nic: str) -> float:
-    """Harness time of the first "lane ... <nic> -> ... failed" line (stderr is timestamped)."""
+    """Harness time at which a lane on ``nic`` failed (stderr is timestamped): the lane's own
+    line where the log shows it (INFO), else the move's WARN line, which says how long after
+    the detection it was written."""
     for line in side_stderr.splitlines():
         m = re.match(r"\s*\[\s*([0-9.]+)\].*lane \d+ " + nic + r" -> .* failed", line)
         if m:
             return float(m.group(1))
+    for line in side_stderr.splitlines():
+        m = re.match(
+            r"\s*\[\s*([0-9.]+)\].*failover: " + nic + r" -> peer NIC \d+ failed .*, (\d+) ms "
+            r"from detection",
+            line,
+        )
+        if m:
+            return float(m.group(1)) - int(m.group(2)) / 1000
     raise AssertionError(f"no lane on {nic} failed:\n{side_stderr}")
 
 
