@@ -35,6 +35,23 @@ def root_problem() -> str | None:
     return None
 
 
+def write_atomic(p: Path, data: bytes | str) -> None:
+    """Write ``p`` whole or not at all (a temp file renamed into place)."""
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, p)
+
+
+def exit_now(code: int) -> None:
+    """A worker's exit without torch/NCCL teardown (after a fault it may block)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def emit(obj: dict[str, Any]) -> None:
     """A worker's JSON line on stdout (timestamped), flushed at once."""
     obj.setdefault("t", time.time())

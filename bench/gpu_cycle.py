@@ -67,19 +67,10 @@ DEAD = 3  # the rank whose node loses every NIC in phase 2
 _emit = _gpu.emit
 
 
-def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no torch/NCCL teardown after a fault: it may block
+_exit = _gpu.exit_now
 
 
-def _write_atomic(p: Path, data: bytes | str) -> None:
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    if isinstance(data, str):
-        tmp.write_text(data)
-    else:
-        tmp.write_bytes(data)
-    os.replace(tmp, p)
+_write_atomic = _gpu.write_atomic
 
 
 def _wait_file(p: Path, timeout: float) -> bool:

@@ -65,13 +65,7 @@ def _wait_file(p: Path, deadline: float) -> bool:
     return p.exists()
 
 
-def _write_atomic(p: Path, data: bytes | str) -> None:
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    if isinstance(data, str):
-        tmp.write_text(data)
-    else:
-        tmp.write_bytes(data)
-    os.replace(tmp, p)
+_write_atomic = _gpu.write_atomic
 
 
 _bounded = _gpu.bounded
