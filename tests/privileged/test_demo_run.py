@@ -222,6 +222,8 @@ def test_ctrl_c_cleans_up(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as at a terminal, whatever the runner inherited (see test_fabric)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     try:
         assert proc.stdout is not None

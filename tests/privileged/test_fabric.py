@@ -257,11 +257,19 @@ time.sleep(120)
 """
 
 
+def sigint_default() -> None:
+    """A child's SIGINT as at a terminal: a runner started in the background by a shell (``cmd
+    &``) ignores SIGINT, its children inherit that, and Python then installs no
+    KeyboardInterrupt handler, so the signal under test would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _child_with_fabric(prefix: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT.format(lab=LAB_DIR, prefix=prefix)],
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_default,  # noqa: PLW1509 (only resets one signal)
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # bounded: the child sleeps at most 60 s
