@@ -38,6 +38,13 @@ def setup_import_path() -> None:
         sys.path.insert(0, wheels[-1])
 
 
+def agent_pythonpath() -> str:
+    """PYTHONPATH for an agent started from the source tree: the tree's agent/ first, then what
+    this process was given (a host without the venv carries the agent's dependencies there)."""
+    extra = os.environ.get("PYTHONPATH")
+    return str(REPO / "agent") + (os.pathsep + extra if extra else "")
+
+
 def need_root(what: str) -> None:
     if os.geteuid() != 0:
         sys.exit(f"{what} needs root: it creates network namespaces, veth pairs and tc qdiscs")

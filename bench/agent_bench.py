@@ -70,7 +70,7 @@ class Agents:
         self, fab: Fabric, workdir: Path, sources: str, usdt: bool = False, life: float = 600
     ) -> None:
         self.fab, self.workdir, self.sources = fab, workdir, sources
-        env = {**os.environ, "PYTHONPATH": str(_common.REPO / "agent")}
+        env = {**os.environ, "PYTHONPATH": _common.agent_pythonpath()}
         self.procs: list[Any] = []
         self.logs: list[Path] = []
         lib = str(paths.plugin_path()) if usdt else ""

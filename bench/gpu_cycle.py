@@ -1100,6 +1100,8 @@ def main() -> int:
         help="revoke + NCCL_SHRINK_DEFAULT, or no revoke + NCCL_SHRINK_ABORT",
     )
     ap.add_argument("--size", type=_gpu.parse_size, default=2 * MiB, help="buffer per op")
+    ap.add_argument("--rate-mbit", type=int, default=None, help="tbf per NIC (default: none)")
+    ap.add_argument("--queue-ms", type=int, default=20, help="the tbf queue (default 20 ms)")
     ap.add_argument("--round", type=int, default=8, help="checked steps between stop checks")
     ap.add_argument("--healthy", type=float, default=1.5)
     ap.add_argument("--gap", type=float, default=1.5, help="carrier loss alone (s)")
@@ -1169,7 +1171,14 @@ def main() -> int:
     jpath = str(out_dir / "gpu_cycle.json")
     with (
         tempfile.TemporaryDirectory(prefix="railhop-cycle-") as tmpd,
-        Fabric(nodes=NRANKS, nics=4, prefix=unique_prefix("rhcy"), mtu=args.mtu) as fab,
+        Fabric(
+            nodes=NRANKS,
+            nics=4,
+            rate_mbit=args.rate_mbit,
+            queue_ms=args.queue_ms,
+            prefix=unique_prefix("rhcy"),
+            mtu=args.mtu,
+        ) as fab,
     ):
         tmp = Path(tmpd)
         logf = (out_dir / "gpu_cycle_logs.txt").open("w")

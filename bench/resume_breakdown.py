@@ -60,6 +60,7 @@ from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
     longest_stall,
+    rate_between,
     use_source_tree_build,
     wait_for_bytes,
 )
@@ -99,7 +100,7 @@ class PolicyAgents(Agents):
 
     def __init__(self, fab: Fabric, workdir: Path, sources: str, life: float = 3600) -> None:
         self.fab, self.workdir, self.sources = fab, workdir, sources
-        env = {**os.environ, "PYTHONPATH": str(_common.REPO / "agent")}
+        env = {**os.environ, "PYTHONPATH": _common.agent_pythonpath()}
         self.procs: list[Any] = []
         self.logs: list[Path] = []
         workdir.mkdir(parents=True, exist_ok=True)
@@ -208,8 +209,39 @@ def agents_settled(agents: Agents, nic: str, timeout: float = 10.0) -> bool:
     return False
 
 
+TCP_COUNTERS = (
+    "TcpExt:TCPSynRetrans",
+    "TcpExt:TCPTimeouts",
+    "TcpExt:TCPLossProbes",
+    "TcpExt:TCPFastRetrans",
+    "TcpExt:TCPSlowStartRetrans",
+    "Tcp:RetransSegs",
+    "Tcp:ActiveOpens",
+)
+
+
+def tcp_counters(fab: Fabric, node: int) -> dict[str, int]:
+    """The node's kernel TCP counters (/proc/net/netstat and /proc/net/snmp in its netns)."""
+    out = fab.run(node, ["cat", "/proc/net/netstat", "/proc/net/snmp"], timeout=5).stdout
+    got: dict[str, int] = {}
+    lines = out.splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        keys, vals = names.split(), values.split()
+        if not keys or keys[0] != vals[0]:
+            continue
+        for k, v in zip(keys[1:], vals[1:], strict=False):
+            if v.lstrip("-").isdigit():
+                got[f"{keys[0]}{k}"] = int(v)
+    return {k: got.get(k, 0) for k in TCP_COUNTERS}
+
+
 def one_round(
-    fab: Fabric, fault: str, workdir: Path, seed: int, extra_env: dict[str, str]
+    fab: Fabric,
+    fault: str,
+    workdir: Path,
+    seed: int,
+    extra_env: dict[str, str],
+    tcpstat: bool = False,
 ) -> dict[str, Any]:
     cfg = HarnessConfig(
         conns=CONNS,
@@ -224,12 +256,14 @@ def one_round(
     with HarnessRun(fab, cfg, env=env, workdir=workdir) as run:
         wait_for_bytes(run, 8 * MiB, timeout=30)
         time.sleep(max(0.0, run.started_at + 1.0 + WARM_S - time.monotonic()))
+        before = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
         t_fault = time.monotonic() - run.started_at
         if fault == "carrier":
             fab.carrier_down(0, FAULT_NIC)
         else:
             fab.blackhole(0, FAULT_NIC)
         time.sleep(max(0.0, run.started_at + t_fault + AFTER_S[fault] - time.monotonic()))
+        after = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
         fab.heal_all()
         res = run.wait()
         send_log = (workdir / "send.stderr").read_text()
@@ -239,8 +273,39 @@ def one_round(
     end = t_fault + AFTER_S[fault] - 0.2
     stalls = [longest_stall(prog, start=t_fault, end=end, conn=c) for c in range(CONNS)]
     out["stall"] = max(stalls) * 1e3
+    worst = max(range(CONNS), key=lambda c: stalls[c])
+    out["stall_conn"] = worst
+    out["stall_at"] = (gap_start(prog, t_fault, end, worst, stalls[worst]) - t_fault) * 1e3
+    # the receiver's total rate (Mbit/s): healthy before the fault, degraded from 1 s after it
+    out["healthy"] = rate_between(prog, t_fault - 2.0, t_fault) * 8e-6
+    out["degraded"] = rate_between(prog, t_fault + 1.0, end) * 8e-6
     out["ok"] = res.ok and res.data_errors == 0
+    if tcpstat:
+        # counter deltas over the faulted interval, sender (node 0) and receiver (node 1)
+        pairs = zip(before, after, strict=True)
+        out["tcp"] = [{k: a[k] - b[k] for k in TCP_COUNTERS} for b, a in pairs]
     return out
+
+
+def tcp_line(r: dict[str, Any]) -> str:
+    """One round's marks and TCP counter deltas (sender / receiver), for --tcpstat."""
+    mk = " ".join(f"{m}={fmt(r.get(m)).strip()}" for m in ("resume", "first", "fair", "stall"))
+    mk += f" (conn {r['stall_conn']} from {r['stall_at']:.0f})"
+    short = {k: k.split(":")[1].replace("TCP", "") for k in TCP_COUNTERS}
+    tcp = " ".join(f"{short[k]}={r['tcp'][0][k]}/{r['tcp'][1][k]}" for k in TCP_COUNTERS)
+    return f"{mk} | {tcp}"
+
+
+def gap_start(prog: Sequence[Any], start: float, end: float, conn: int, gap: float) -> float:
+    """Where the longest gap on ``conn`` (``gap`` s long, from longest_stall) begins."""
+    last_t, last_b = start, -1
+    for p in prog:
+        b = p.per_conn[conn]
+        if b != last_b:
+            if p.t >= start and min(p.t, end) - max(last_t, start) >= gap - 1e-9:
+                return max(last_t, start)
+            last_t, last_b = p.t, b
+    return last_t
 
 
 def fmt(v: float | None) -> str:
@@ -254,11 +319,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         s[name] = _common.median(vals) if vals else None
         s[f"{name}_n"] = len(vals)
     s["stall_max"] = max((r["stall"] for r in rows), default=None)
+    for name in ("healthy", "degraded"):
+        s[name] = _common.median([r[name] for r in rows])
     return s
 
 
 def header() -> str:
-    cols = " ".join(f"{m:>8}" for m in (*MARKS, "stall", "max"))
+    cols = " ".join(f"{m:>8}" for m in (*MARKS, "stall", "max", "healthy", "1-down"))
     return f"{'rate':>6} {'queue':>5} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
 
 
@@ -270,7 +337,7 @@ def row(rate: int | None, queue: int, fault: str, agent: str, s: dict[str, Any])
     note = f"  (missing in some rounds: {','.join(misses)})" if misses else ""
     return (
         f"{r:>6} {q:>5} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
-        f"{fmt(s['stall_max'])}{note}"
+        f"{fmt(s['stall_max'])} {fmt(s['healthy'])} {fmt(s['degraded'])}{note}"
     )
 
 
@@ -284,6 +351,9 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="rates 200,1000,0")
     ap.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for both plugins (repeatable)"
+    )
+    ap.add_argument(
+        "--tcpstat", action="store_true", help="also print kernel TCP counter deltas per round"
     )
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -334,7 +404,10 @@ def main() -> int:
                                         agents.wait_ready()
                                     wd = fresh(tmp, served if mode == "agent" else None)
                                     seed += 1
-                                    rows.append(one_round(fab, fault, wd, seed, extra))
+                                    r = one_round(fab, fault, wd, seed, extra, args.tcpstat)
+                                    rows.append(r)
+                                    if args.tcpstat:
+                                        print(f"    round: {tcp_line(r)}", flush=True)
                                 s = summarize(rows)
                                 line = row(rate, queue, fault, mode, s)
                                 print(line, flush=True)
@@ -352,7 +425,10 @@ def main() -> int:
             finally:
                 if agents is not None:
                     agents.stop()
-    print("\nmedian ms after the fault (stall, max: longest gap on any connection)")
+    print(
+        "\nmedian ms after the fault (stall, max: longest gap on any connection); healthy and"
+        " 1-down: the receiver's total Mbit/s in the 2 s before the fault and from 1 s after it"
+    )
     print("\n".join(lines))
     _common.write_json(
         args.json, {"bench": "resume_breakdown", "date": _common.stamp(), "results": results}
