@@ -69,9 +69,9 @@ int main(void)
 	rh_log_set(capture);
 
 	/* Parameters: NCCL_ENV, each with its source. */
-	setenv("RAILHOP_CHUNK_SIZE", "131072", 1);
+	setenv("RAILHOP_CHUNK_SIZE", "262144", 1);
 	EXPECT_EQ(rh_params_load(), 0);
-	i = find("RAILHOP_CHUNK_SIZE=131072 (env)");
+	i = find("RAILHOP_CHUNK_SIZE=262144 (env)");
 	EXPECT(i >= 0);
 	EXPECT(i >= 0 && lines[i].level == NCCL_LOG_INFO && lines[i].flags == NCCL_ENV);
 	EXPECT(shown_by_default(i));

@@ -35,7 +35,8 @@ static const struct lane_ops stub_ops = { .name = "stub",
 					  .kick = stub_lane,
 					  .fence = stub_lane };
 
-#define SIZE (3 * 524288 + 100) /* 4 chunks, the last one short */
+#define CHUNK 524288 /* set on both connections below (not the default) */
+#define SIZE (3 * CHUNK + 100) /* 4 chunks, the last one short */
 
 static struct rh_conn *c;
 static char *buf;
@@ -55,7 +56,7 @@ static struct rh_lane *fresh_lane(void)
 
 static struct rh_hdr good(uint64_t idx)
 {
-	uint64_t off = idx * 524288;
+	uint64_t off = idx * CHUNK;
 
 	return (struct rh_hdr){ .type = RH_F_DATA,
 				.conn_id = c->id,
@@ -63,7 +64,7 @@ static struct rh_hdr good(uint64_t idx)
 				.seq = 0,
 				.slot = 0,
 				.off = off,
-				.len = (uint32_t)(off + 524288 <= SIZE ? 524288 : SIZE - off),
+				.len = (uint32_t)(off + CHUNK <= SIZE ? CHUNK : SIZE - off),
 				.total = SIZE };
 }
 
@@ -109,6 +110,7 @@ int main(void)
 		src[i] = (char)(i * 7 + 1);
 	}
 	c = rh_conn_new(false);
+	c->chunk = CHUNK;
 	c->id = 0x1122334455667788ull;
 	c->ready = true;
 	c->nrnics = 2;
@@ -147,7 +149,7 @@ int main(void)
 	h.len = 4096;
 	EXPECT(!feed(h, &placed, NULL));
 	expect_pending();
-	EXPECT_EQ(buf[524288], 0); /* nothing was written */
+	EXPECT_EQ(buf[CHUNK], 0); /* nothing was written */
 
 	/* the first good chunk fixes the message size ... */
 	EXPECT(feed(good(0), &placed, src));
@@ -227,6 +229,7 @@ int main(void)
 		void *sreq = NULL;
 		struct rh_hdr g;
 
+		sc->chunk = CHUNK;
 		sc->id = 99;
 		sc->ready = true;
 		pthread_mutex_lock(&sc->mu);

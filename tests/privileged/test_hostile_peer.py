@@ -53,7 +53,7 @@ pytestmark = pytest.mark.privileged
 REPO = Path(__file__).resolve().parents[2]
 ASAN_BUILD = REPO / "build" / "asan"
 MiB = 1 << 20
-CHUNK = 524288  # RAILHOP_CHUNK_SIZE default
+CHUNK = 131072  # RAILHOP_CHUNK_SIZE default
 RATE_MBIT = 200  # a rate-limited fabric: the receiver's CPU has headroom to measure
 
 HDR = struct.Struct("<BBHIQIIQQQ")  # type slot flags len conn_id epoch aux seq off total
