@@ -27,11 +27,19 @@ there) and, for the stall, the receiver's per-connection progress (every 20 ms):
   fair       the connection's completion rate back within 90 % of its share of the NICs left
   stall      the longest gap between completions on ANY connection after the fault (receiver)
 
+  healthy    the receiver's total Mbit/s over the 2 s before the fault
+  1-down     the same from 1 s after the fault to the heal (3 of 4 NICs)
+
 Printed: the median over the rounds of each mark (missing marks are counted, not guessed).
+--tcpstat adds a line per round: its marks, the connection with the longest gap and when the
+gap began, the longest gap over the 2 s before the fault (what a healthy fabric shows), and the
+kernel's TCP counter deltas of both nodes over the faulted interval (sender/receiver: SYN
+retransmits, RTOs, loss probes, fast and slow-start retransmits, retransmitted segments, active
+opens). --logs DIR keeps every round's plugin logs.
 
     sudo .venv/bin/python bench/resume_breakdown.py [--rounds 5] [--rates 1000] [--queues 5,50]
          [--faults carrier,blackhole] [--agent alone,agent] [--full] [--env NAME=VALUE]
-         [--json out.json]
+         [--tcpstat] [--logs DIR] [--json out.json]
 
 The default matrix (1 Gbit/s, 5 ms and 50 ms queues, both faults, with and without the agent,
 5 rounds: 40 rounds) takes ~10 minutes on a 2-core VM; ``--full`` adds 200 Mbit/s and
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -273,6 +282,10 @@ def one_round(
     end = t_fault + AFTER_S[fault] - 0.2
     stalls = [longest_stall(prog, start=t_fault, end=end, conn=c) for c in range(CONNS)]
     out["stall"] = max(stalls) * 1e3
+    # the same measure over the 2 s before the fault: what a healthy fabric shows anyway
+    out["healthy_gap"] = 1e3 * max(
+        longest_stall(prog, start=t_fault - 2.0, end=t_fault, conn=c) for c in range(CONNS)
+    )
     worst = max(range(CONNS), key=lambda c: stalls[c])
     out["stall_conn"] = worst
     out["stall_at"] = (gap_start(prog, t_fault, end, worst, stalls[worst]) - t_fault) * 1e3
@@ -287,10 +300,18 @@ def one_round(
     return out
 
 
+def keep_logs(wd: Path, dest: Path, tag: str) -> None:
+    """Copy a round's harness logs (both plugins' lines, progress) to ``dest`` (--logs)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("send.stderr", "recv.stderr"):
+        if (wd / name).is_file():
+            shutil.copyfile(wd / name, dest / f"{tag}-{name.replace('.stderr', '.log')}")
+
+
 def tcp_line(r: dict[str, Any]) -> str:
     """One round's marks and TCP counter deltas (sender / receiver), for --tcpstat."""
     mk = " ".join(f"{m}={fmt(r.get(m)).strip()}" for m in ("resume", "first", "fair", "stall"))
-    mk += f" (conn {r['stall_conn']} from {r['stall_at']:.0f})"
+    mk += f" (conn {r['stall_conn']} from {r['stall_at']:.0f}; healthy {r['healthy_gap']:.0f})"
     short = {k: k.split(":")[1].replace("TCP", "") for k in TCP_COUNTERS}
     tcp = " ".join(f"{short[k]}={r['tcp'][0][k]}/{r['tcp'][1][k]}" for k in TCP_COUNTERS)
     return f"{mk} | {tcp}"
@@ -355,6 +376,7 @@ def main() -> int:
     ap.add_argument(
         "--tcpstat", action="store_true", help="also print kernel TCP counter deltas per round"
     )
+    ap.add_argument("--logs", help="keep every round's plugin logs in this directory")
     ap.add_argument("--json")
     args = ap.parse_args()
     _common.need_root("resume_breakdown")
@@ -406,6 +428,8 @@ def main() -> int:
                                     seed += 1
                                     r = one_round(fab, fault, wd, seed, extra, args.tcpstat)
                                     rows.append(r)
+                                    if args.logs:
+                                        keep_logs(wd, Path(args.logs), f"{fault}-{mode}-{seed}")
                                     if args.tcpstat:
                                         print(f"    round: {tcp_line(r)}", flush=True)
                                 s = summarize(rows)

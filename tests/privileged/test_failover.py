@@ -10,7 +10,6 @@ here are generous (2 shared cores); bench/failover_timeline.py measures the real
 from __future__ import annotations
 
 import os
-import random
 import re
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import require, require_built
+from railhop_lab import soak
 from railhop_lab.fabric import CounterSampler, Fabric, unique_prefix
 from railhop_lab.harness import (
     HarnessConfig,
@@ -264,31 +264,13 @@ def test_heal_and_fail_back(fab: Fabric, lanes: dict[str, str]) -> None:
     assert mine >= 0.5 * (sum(others) / 3), (mine, others)
 
 
-def soak_plan(seed: int, duration: float, nics: int = 4) -> list[tuple[float, str, int, int]]:
-    """A random fault schedule: (time, action, node, nic); one rail always stays healthy."""
-    rng = random.Random(seed)
-    keep = rng.randrange(nics)
-    plan: list[tuple[float, str, int, int]] = []
-    busy_until: dict[tuple[int, int], float] = {}
-    t = 1.0
-    while t < duration - 4.0:
-        node, nic = rng.randrange(2), rng.choice([i for i in range(nics) if i != keep])
-        if busy_until.get((node, nic), 0.0) <= t:
-            action = rng.choice(["carrier_local", "carrier_remote", "blackhole", "flap"])
-            hold = rng.uniform(0.5, 3.0)
-            plan.append((t, action, node, nic))
-            plan.append((t + hold, "heal", node, nic))
-            busy_until[(node, nic)] = t + hold + 0.1
-        t += rng.uniform(0.3, 1.5)
-    return sorted(plan)
-
-
 def test_soak_plan_keeps_a_rail() -> None:
     for seed in range(20):
-        plan = soak_plan(seed, 45.0)
+        plan = soak.soak_plan(seed, 45.0)
         assert plan and plan[-1][0] < 45.0
         rails = {nic for _, action, _, nic in plan if action != "heal"}
         assert len(rails) <= 3
+        assert soak.kept_rail(plan) == set(range(4)) - rails != set()
 
 
 # Seeds that once exposed a bug run on every CI run; one more seed comes from the clock (printed,
@@ -310,23 +292,14 @@ def test_randomized_fault_soak(fab: Fabric, lanes: dict[str, str], seed_opt: int
     seed = int(time.time()) % 100000 if seed_opt is None else seed_opt
     print(f"soak seed {seed}")
     duration = 45.0
-    plan = soak_plan(seed, duration)
+    plan = soak.soak_plan(seed, duration)
     applied = []
     with HarnessRun(fab, cfg(duration, seed=seed, deadline=duration + 20), env=lanes) as run:
         warm_up(run)
         t_base = now_h(run)
         for t, action, node, nic in plan:
             sleep_until_h(run, t_base + t)
-            if action == "heal":
-                fab.heal(node, nic)
-            elif action == "carrier_local":
-                fab.carrier_down(node, nic, end="local")
-            elif action == "carrier_remote":
-                fab.carrier_down(node, nic, end="remote")
-            elif action == "blackhole":
-                fab.blackhole(node, nic)
-            else:
-                fab.flap(node, nic, hz=5, duration=1.0)
+            soak.apply(fab, action, node, nic)
             applied.append((round(now_h(run), 2), action, node, nic))
         fab.heal_all()
         res = run.wait()

@@ -21,7 +21,7 @@ from railhop.cli import COMMANDS_GROUP, _missing_lab_command, cli
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "agent" / "railhop"
 LAB = REPO / "lab"
-LAB_MODULES = {"fabric", "harness", "demo", "scenario", "render"}
+LAB_MODULES = {"fabric", "harness", "demo", "scenario", "render", "soak"}
 
 
 def _pyproject(path: Path) -> dict[str, object]:
