@@ -27,6 +27,7 @@ import collections
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
 from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
-    longest_stall,
+    Progress,
     use_source_tree_build,
     wait_for_bytes,
 )
@@ -76,8 +77,29 @@ def fmt_stats(st: dict[str, dict[str, float]]) -> str:
     )
 
 
+def gap_of(prog: Sequence[Progress], start: float, end: float, conn: int) -> tuple[float, float]:
+    """(length, start) of the longest gap between completions on ``conn`` in [start, end]."""
+    best, at = 0.0, start
+    last_t, last_b = start, -1
+    for p in prog:
+        b = p.per_conn[conn] if conn < len(p.per_conn) else 0
+        if b != last_b:
+            if p.t >= start and last_b >= 0 and min(p.t, end) - last_t > best:
+                best, at = min(p.t, end) - last_t, last_t
+            last_t, last_b = max(p.t, start), b
+    if prog and last_t < end and min(prog[-1].t, end) - last_t > best:
+        best, at = min(prog[-1].t, end) - last_t, last_t
+    return best, at
+
+
 def soak_one(
-    fab: Fabric, transport: str, seed: int, seconds: float, every: float
+    fab: Fabric,
+    transport: str,
+    seed: int,
+    seconds: float,
+    every: float,
+    logs: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     plan = soak.soak_plan(seed, seconds)
     cfg = HarnessConfig(
@@ -88,8 +110,14 @@ def soak_one(
         seed=seed,
     )
     applied: collections.Counter[str] = collections.Counter()
+    steps: list[tuple[float, str, int, int]] = []
     fab.heal_all()
-    with HarnessRun(fab, cfg, env=TRANSPORTS[transport]) as run:
+    workdir = None
+    if logs is not None:
+        workdir = logs / transport
+        workdir.mkdir(parents=True, exist_ok=True)
+    env = {**TRANSPORTS[transport], **(extra_env or {})}
+    with HarnessRun(fab, cfg, env=env, workdir=workdir) as run:
         wait_for_bytes(run, 16 * MiB, timeout=30)
         t_base = time.monotonic() - run.started_at
         first = sides_stats(run)
@@ -112,6 +140,7 @@ def soak_one(
                     next_line = now + every
                 time.sleep(min(0.2, due - now))
             soak.apply(fab, action, node, nic)
+            steps.append((round(time.monotonic() - run.started_at - t_base, 2), action, node, nic))
             if action != "heal":
                 applied[action] += 1
         fab.heal_all()
@@ -119,9 +148,10 @@ def soak_one(
         res = run.wait()
     s, r = res.send.summary, res.recv.summary
     prog = res.recv.progress
-    stall = max(
-        longest_stall(prog, start=t_base, end=t_base + seconds - 1.0, conn=c) for c in range(4)
-    )
+    gaps = [gap_of(prog, t_base, t_base + seconds - 1.0, c) for c in range(4)]
+    worst = max(range(4), key=lambda c: gaps[c][0])
+    stall, stall_at = gaps[worst][0], gaps[worst][1] - t_base
+    around = [st for st in steps if stall_at - 6.0 <= st[0] <= stall_at + stall]
     ok = bool(
         res.ok
         and s is not None
@@ -144,6 +174,10 @@ def soak_one(
         "recv_bytes": r.bytes if r else None,
         "data_errors": (s.data_errors if s else None, r.data_errors if r else None),
         "longest_stall_s": stall,
+        "longest_stall_conn": worst,
+        "longest_stall_at_s": stall_at,
+        "faults_around_it": around,
+        "steps": steps,
         "start": first,
         "end": last,
         "describe": "" if ok else res.describe(),
@@ -157,8 +191,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, help="the schedule's seed (default: from the clock)")
     ap.add_argument("--rate-mbit", type=int, default=200, help="tbf per NIC (default 200)")
     ap.add_argument("--every", type=float, default=30.0, help="progress line interval (s)")
+    ap.add_argument("--logs", help="keep the harness work dirs (plugin logs) here, per transport")
+    ap.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for both plugins (repeatable)"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.env if "=" in kv)
     transports = [t for t in args.transports.split(",") if t]
     bad = [t for t in transports if t not in TRANSPORTS]
     if bad or not transports or not 0.2 <= args.minutes <= 240:
@@ -175,7 +214,8 @@ def main() -> int:
     results = []
     with Fabric(nodes=2, nics=4, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhsk")) as fab:
         for tr in transports:
-            r = soak_one(fab, tr, seed, seconds, args.every)
+            logs = Path(args.logs) if args.logs else None
+            r = soak_one(fab, tr, seed, seconds, args.every, logs, extra)
             results.append(r)
             faults = ", ".join(f"{k} {v}" for k, v in sorted(r["faults"].items()))
             print(
@@ -183,9 +223,11 @@ def main() -> int:
                 f"({faults}); rail {r['kept_rail']} never faulted; messages {r['send_msgs']} "
                 f"sent / {r['recv_msgs']} received, bytes {r['send_bytes']} / "
                 f"{r['recv_bytes']}, data errors {r['data_errors']}; longest gap on a "
-                f"connection {r['longest_stall_s']:.2f} s",
+                f"connection {r['longest_stall_s']:.2f} s (conn {r['longest_stall_conn']}, from "
+                f"{r['longest_stall_at_s']:.1f} s)",
                 flush=True,
             )
+            print(f"[{tr}]   faults from 6 s before that gap to its end: {r['faults_around_it']}")
             print(f"[{tr}]   start: {fmt_stats(r['start'])}")
             print(f"[{tr}]   end:   {fmt_stats(r['end'])}")
             if not r["ok"]:

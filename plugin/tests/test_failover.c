@@ -18,6 +18,8 @@
 #include "check.h"
 #include "core/conn.h"
 #include "core/health.h"
+#include "core/sched.h"
+#include "core/wire.h"
 #include "param.h"
 
 /* --- the fake transport --- */
@@ -552,6 +554,68 @@ static void test_escalation_waits_for_lanes_in_flight(void)
  * that shrank under it) must not make ranking write outside its pair table: the replay of
  * bit-flipped lane bytes (issue 17, item 9) crashed the receiver there (ASan: stack overflow
  * in rank_ex). */
+/* A fail-back retires the backups (DRAINING: they finish only messages begun before), then the
+ * peer's RESUME reports the fail-back's new primary dead before they drained. The backups must
+ * carry new messages again; before, they stayed DRAINING and the connection moved nothing until
+ * the next fail-back probe answered, up to FAILBACK_MAX_BACKOFF later (33-48 s gaps in the long
+ * soak, bench/soak.py). */
+static void test_lost_failback_reactivates_retired_lanes(void)
+{
+	struct rh_lane *l, *b, *p2;
+	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_resume *r = calloc(1, sizeof(*r));
+	uint8_t buf[512];
+	struct rh_hdr h = { .type = RH_F_RESUME };
+	int len;
+
+	EXPECT(c != NULL && l != NULL && r != NULL);
+	if (!c || !l || !r) {
+		free(r);
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	/* moved: the primary is gone, a backup on NIC 1 carries the traffic */
+	b = rh_conn_add_lane(c, c->next_lane_id, 1, 1, 2, false);
+	c->next_lane_id += 2;
+	EXPECT(b != NULL);
+	if (b) {
+		rh_conn_open_lane(c, b, RH_HELLO_LANE, 1000);
+		b->state = RH_LANE_ACTIVE;
+	}
+	rh_conn_fence_lane(c, l);
+	c->fo.primary_lost = true;
+	/* fail-back: a new lane on the original pair comes up and retires the backup */
+	p2 = rh_conn_add_lane(c, c->next_lane_id, 0, 0, 2, true);
+	c->next_lane_id += 2;
+	EXPECT(p2 != NULL);
+	if (b && p2) {
+		rh_conn_open_lane(c, p2, RH_HELLO_LANE, 1000);
+		p2->state = RH_LANE_ACTIVE;
+		rh_fo_lane_up(c, p2);
+		EXPECT_EQ(b->state, RH_LANE_DRAINING);
+		EXPECT(!rh_sched_lane_may_carry(b->state, b->retire_gen, RH_GEN_NEW));
+		/* the receiver lost the new primary's lane and says so in its RESUME record */
+		r->next_seq = 0;
+		r->ndead = 1;
+		r->dead[0] = p2->id;
+		len = rh_resume_put(r, buf, sizeof(buf));
+		EXPECT(len > 0);
+		h.conn_id = c->id;
+		h.epoch = c->epoch + 1;
+		h.len = (uint32_t)len;
+		rh_fo_on_resume(c, &h, buf);
+		EXPECT_EQ(lane_state(c, p2->id), RH_LANE_DEAD);
+		EXPECT(c->fo.primary_lost);
+		EXPECT_EQ(b->state, RH_LANE_ACTIVE);
+		EXPECT(rh_sched_lane_may_carry(b->state, b->retire_gen, RH_GEN_NEW));
+		EXPECT(c->ctrl_lane == b);
+		EXPECT_EQ(c->err, 0);
+	}
+	pthread_mutex_unlock(&c->mu);
+	free(r);
+	drop_conn(c);
+}
+
 static void test_ranking_ignores_stray_lane(void)
 {
 	struct rh_lane *l, *stray;
@@ -650,6 +714,7 @@ int main(void)
 	test_move_timing_marks();
 	test_escalation_waits_for_lanes_in_flight();
 	test_ranking_ignores_stray_lane();
+	test_lost_failback_reactivates_retired_lanes();
 	test_nic_health();
 	TEST_DONE();
 }

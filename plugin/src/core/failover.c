@@ -69,6 +69,27 @@ static bool primary_alive(struct rh_conn *c)
  * probe round (plus one re-probe), not one round per BACKUP_LANES pairs. */
 #define RH_PAR_PROBES 8
 
+/* The primary a fail-back moved to is lost again before the lanes it retired drained: they
+ * carry traffic again. A DRAINING lane takes only messages begun before its retirement, so with
+ * the new primary gone and nothing else ACTIVE the connection would move nothing until the next
+ * fail-back probe answered (up to FAILBACK_MAX_BACKOFF apart: 33-48 s gaps in the long soak,
+ * bench/soak.py). A lane whose BYE went out is closing and stays retired. */
+static int reactivate_retired(struct rh_conn *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		if (l->state == RH_LANE_DRAINING && !l->bye_sent) {
+			l->state = RH_LANE_ACTIVE;
+			l->retire_gen = 0;
+			n++;
+		}
+	}
+	return n;
+}
+
 /* Open backup lanes so the moved traffic spreads over the best healthy pairs. */
 static void open_backups(struct rh_conn *c)
 {
@@ -79,15 +100,7 @@ static void open_backups(struct rh_conn *c)
 	if (primary_alive(c)) {
 		return;
 	}
-	/* Backups retired by a fail-back that has not finished yet carry traffic again. */
-	for (int i = 0; i < c->nlanes; i++) {
-		struct rh_lane *l = c->lanes[i];
-
-		if (l->state == RH_LANE_DRAINING && !l->bye_sent) {
-			l->state = RH_LANE_ACTIVE;
-			l->retire_gen = 0;
-		}
-	}
+	reactivate_retired(c);
 	/* Count lanes that can carry the moved traffic: not ones the peer is still opening
 	 * towards us (they may never complete), not ones already without progress (they may be
 	 * silently dead too). */
@@ -531,6 +544,13 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	if (!rh_conn_epoch_take(c, h->epoch)) {
 		free(r);
 		return;
+	}
+	/* The peer lost the primary of a fail-back in progress: what it retired carries on. */
+	if (c->fo.primary_lost && !primary_alive(c) && reactivate_retired(c) > 0) {
+		INFO("conn %016llx (send): the fail-back's lane was lost: retired lanes carry "
+		     "traffic again",
+		     (unsigned long long)c->id);
+		rh_conn_pick_ctrl_lane(c);
 	}
 	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
 		/* The receiver moved on its own while our FAILREQ was on its way; it will answer
