@@ -10,7 +10,9 @@ With --transports tcp,ofi every round runs the plugin once per lane transport (R
 ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
 The label tcp+crc32c is the TCP lane with RAILHOP_CHECKSUM=1 (a CRC32C per chunk): run it
-beside tcp for the checksum's cost. --rate-mbit 0 leaves the veths unlimited.
+beside tcp for the checksum's cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
+512 KiB chunks of before issue 18 (the default is 128 KiB). --rate-mbit 0 leaves the veths
+unlimited.
 
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
@@ -44,6 +46,13 @@ TRANSPORT_ENV = {
     "tcp": {"RAILHOP_TRANSPORT": "tcp"},
     "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
     "tcp+crc32c": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
+    # the chunk size before issue 18 (512 KiB; the default is 128 KiB), for a side-by-side A/B
+    "tcp+chunk512k": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHUNK_SIZE": "524288"},
+    "ofi+chunk512k": {
+        "RAILHOP_TRANSPORT": "ofi",
+        "FI_PROVIDER": "tcp",
+        "RAILHOP_CHUNK_SIZE": "524288",
+    },
 }
 
 

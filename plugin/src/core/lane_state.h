@@ -12,7 +12,8 @@ enum rh_lane_state {
 	 * the same (local, remote) NIC pair is in flight. Takes no new chunks meanwhile. */
 	RH_LANE_SUSPECT,
 	/* Being retired after fail-back: carries only chunks of messages first scheduled before
-	 * its retirement generation, then is closed gracefully (BYE). */
+	 * its retirement generation, then is closed gracefully (BYE). ACTIVE again if the
+	 * fail-back's lane is lost before the BYE went out. */
 	RH_LANE_DRAINING,
 	/* Failed or fenced: transport shut down, frames from it ignored, never reused. */
 	RH_LANE_DEAD,

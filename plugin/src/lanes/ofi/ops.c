@@ -273,7 +273,7 @@ static void ofi_fence(struct rh_lane *lane)
 }
 
 /* Lane level, unlike TCP's per-stream test: progress comes in whole operations here (a
- * 512 KiB write completes at once), and on a link shared by many endpoints one of them can
+ * chunk's write completes at once), and on a link shared by many endpoints one of them can
  * wait longer than the timeout for its next completion while the lane moves data. The data
  * endpoints are stalled when some of them has work outstanding and none completed anything for
  * the timeout (a dead link stops them all); the control endpoint is judged on its own, so its
