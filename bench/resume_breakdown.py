@@ -68,6 +68,7 @@ from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
 from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
+    longest_gap,
     longest_stall,
     rate_between,
     use_source_tree_build,
@@ -280,15 +281,15 @@ def one_round(
     out = marks(parse_log(send_log), fab.ifname(FAULT_NIC), t_fault)
     prog = res.recv.progress
     end = t_fault + AFTER_S[fault] - 0.2
-    stalls = [longest_stall(prog, start=t_fault, end=end, conn=c) for c in range(CONNS)]
-    out["stall"] = max(stalls) * 1e3
+    gaps = [longest_gap(prog, start=t_fault, end=end, conn=c) for c in range(CONNS)]
+    worst = max(range(CONNS), key=lambda c: gaps[c][0])
+    out["stall"] = gaps[worst][0] * 1e3
+    out["stall_conn"] = worst
+    out["stall_at"] = (gaps[worst][1] - t_fault) * 1e3
     # the same measure over the 2 s before the fault: what a healthy fabric shows anyway
     out["healthy_gap"] = 1e3 * max(
         longest_stall(prog, start=t_fault - 2.0, end=t_fault, conn=c) for c in range(CONNS)
     )
-    worst = max(range(CONNS), key=lambda c: stalls[c])
-    out["stall_conn"] = worst
-    out["stall_at"] = (gap_start(prog, t_fault, end, worst, stalls[worst]) - t_fault) * 1e3
     # the receiver's total rate (Mbit/s): healthy before the fault, degraded from 1 s after it
     out["healthy"] = rate_between(prog, t_fault - 2.0, t_fault) * 8e-6
     out["degraded"] = rate_between(prog, t_fault + 1.0, end) * 8e-6
@@ -315,18 +316,6 @@ def tcp_line(r: dict[str, Any]) -> str:
     short = {k: k.split(":")[1].replace("TCP", "") for k in TCP_COUNTERS}
     tcp = " ".join(f"{short[k]}={r['tcp'][0][k]}/{r['tcp'][1][k]}" for k in TCP_COUNTERS)
     return f"{mk} | {tcp}"
-
-
-def gap_start(prog: Sequence[Any], start: float, end: float, conn: int, gap: float) -> float:
-    """Where the longest gap on ``conn`` (``gap`` s long, from longest_stall) begins."""
-    last_t, last_b = start, -1
-    for p in prog:
-        b = p.per_conn[conn]
-        if b != last_b:
-            if p.t >= start and min(p.t, end) - max(last_t, start) >= gap - 1e-9:
-                return max(last_t, start)
-            last_t, last_b = p.t, b
-    return last_t
 
 
 def fmt(v: float | None) -> str:

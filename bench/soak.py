@@ -27,7 +27,6 @@ import collections
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
 from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
-    Progress,
+    longest_gap,
     use_source_tree_build,
     wait_for_bytes,
 )
@@ -75,21 +74,6 @@ def fmt_stats(st: dict[str, dict[str, float]]) -> str:
         for role, s in st.items()
         if s
     )
-
-
-def gap_of(prog: Sequence[Progress], start: float, end: float, conn: int) -> tuple[float, float]:
-    """(length, start) of the longest gap between completions on ``conn`` in [start, end]."""
-    best, at = 0.0, start
-    last_t, last_b = start, -1
-    for p in prog:
-        b = p.per_conn[conn] if conn < len(p.per_conn) else 0
-        if b != last_b:
-            if p.t >= start and last_b >= 0 and min(p.t, end) - last_t > best:
-                best, at = min(p.t, end) - last_t, last_t
-            last_t, last_b = max(p.t, start), b
-    if prog and last_t < end and min(prog[-1].t, end) - last_t > best:
-        best, at = min(prog[-1].t, end) - last_t, last_t
-    return best, at
 
 
 def soak_one(
@@ -148,7 +132,7 @@ def soak_one(
         res = run.wait()
     s, r = res.send.summary, res.recv.summary
     prog = res.recv.progress
-    gaps = [gap_of(prog, t_base, t_base + seconds - 1.0, c) for c in range(4)]
+    gaps = [longest_gap(prog, t_base, t_base + seconds - 1.0, c) for c in range(4)]
     worst = max(range(4), key=lambda c: gaps[c][0])
     stall, stall_at = gaps[worst][0], gaps[worst][1] - t_base
     around = [st for st in steps if stall_at - 6.0 <= st[0] <= stall_at + stall]

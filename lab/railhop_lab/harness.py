@@ -350,27 +350,39 @@ def _count(p: Progress, conn: int | None) -> int:
     return p.per_conn[conn] if conn < len(p.per_conn) else 0
 
 
-def longest_stall(
+def longest_gap(
     progress: Sequence[Progress], start: float = 0.0, end: float = 1e18, conn: int | None = None
-) -> float:
-    """Longest time (s, harness clock) within [start, end] during which the byte count did not grow.
+) -> tuple[float, float]:
+    """The longest time (s, harness clock) within [start, end] during which the byte count did
+    not grow, and where it began: ``(length, start of the gap)``.
 
     ``conn`` selects one connection's count (``per_conn``), else the total. Measured between
     progress samples: a stall of one interval or less means none was seen.
     """
-    worst = 0.0
+    worst, at = 0.0, start
     last_t: float | None = None
     last_b = -1
     for p in progress:
         b = _count(p, conn)
         if b != last_b:
             if last_t is not None and p.t >= start and last_t <= end:
-                worst = max(worst, min(p.t, end) - max(last_t, start))
+                gap = min(p.t, end) - max(last_t, start)
+                if gap > worst:
+                    worst, at = gap, max(last_t, start)
             last_t, last_b = p.t, b
     if last_t is not None and progress and last_t < end:
-        tail_end = min(progress[-1].t, end)
-        worst = max(worst, tail_end - max(last_t, start))
-    return worst
+        gap = min(progress[-1].t, end) - max(last_t, start)
+        if gap > worst:
+            worst, at = gap, max(last_t, start)
+    return worst, at
+
+
+def longest_stall(
+    progress: Sequence[Progress], start: float = 0.0, end: float = 1e18, conn: int | None = None
+) -> float:
+    """Longest time (s, harness clock) within [start, end] during which the byte count did not grow
+    (``longest_gap`` without where it began)."""
+    return longest_gap(progress, start, end, conn)[0]
 
 
 def rate_between(

@@ -12,6 +12,7 @@ from railhop_lab.harness import (
     Progress,
     Summary,
     build_argv,
+    longest_gap,
     longest_stall,
     parse_line,
     parse_lines,
@@ -144,6 +145,16 @@ def test_longest_stall_and_rates() -> None:
     assert rate_between(prog, 0.1, 0.3) == pytest.approx(1000.0)
     assert series(prog)[0] == (0.2, pytest.approx(1000.0))
     assert rate_between(prog, 5, 6) == 0.0
+
+
+def test_longest_gap_says_where_it_began() -> None:
+    prog = _prog([(0.1, 0), (0.2, 100), (0.3, 200), (0.4, 200), (0.5, 200), (0.9, 200), (1.0, 300)])
+    assert longest_gap(prog) == (pytest.approx(0.7), pytest.approx(0.3))
+    assert longest_gap(prog, start=0.5) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert longest_gap(_prog([(0.1, 0), (0.2, 100), (2.3, 100)])) == (
+        pytest.approx(2.1),
+        pytest.approx(0.2),
+    )
 
 
 def test_longest_stall_open_end() -> None:
