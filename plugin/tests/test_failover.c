@@ -616,6 +616,38 @@ static void test_lost_failback_reactivates_retired_lanes(void)
 	drop_conn(c);
 }
 
+/* Every wait has a bound: a sender whose lanes are all gone without a failover of its own (the
+ * peer's RESUME fenced them) and with requests not yet acknowledged starts a move on the next
+ * tick: backups open and the escalation bound runs. Before, it waited for a fail-back probe. */
+static void test_no_lane_left_starts_a_move(void)
+{
+	struct rh_lane *l;
+	struct rh_conn *c = ready_conn(true, &l);
+	int opens0 = tp.opens;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT(!c->fo.active); /* nothing to carry: no move */
+	c->sreqs[0].used = true; /* a request in flight, not acknowledged */
+	c->sreqs[0].acked = false;
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT(!c->fo.active); /* its lane is ACTIVE: no move */
+	rh_conn_fence_lane(c, l); /* as a RESUME naming it dead does, without rh_fo_lane_failed */
+	EXPECT_EQ(tp.opens, opens0);
+	rh_fo_tick(c, rh_now_ms());
+	EXPECT(c->fo.active);
+	EXPECT(c->await_resume);
+	EXPECT(tp.opens > opens0); /* backups opening */
+	EXPECT_EQ(c->err, 0);
+	c->sreqs[0].used = false;
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
 static void test_ranking_ignores_stray_lane(void)
 {
 	struct rh_lane *l, *stray;
@@ -715,6 +747,7 @@ int main(void)
 	test_escalation_waits_for_lanes_in_flight();
 	test_ranking_ignores_stray_lane();
 	test_lost_failback_reactivates_retired_lanes();
+	test_no_lane_left_starts_a_move();
 	test_nic_health();
 	TEST_DONE();
 }

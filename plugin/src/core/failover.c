@@ -690,6 +690,43 @@ void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why)
 	}
 }
 
+static bool unacked_work(struct rh_conn *c)
+{
+	for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
+		if (c->sreqs[i].used && !c->sreqs[i].acked) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Every wait has a bound: a sender with unacknowledged requests and no lane that carries or may
+ * carry them (nothing ACTIVE, OPENING or SUSPECT, nothing retired to take back) while no move is
+ * in progress starts one, as if its last lane had failed. Backups open; with no pair left, the
+ * escalation bound applies. (How it can happen: a RESUME that names lanes dead is applied
+ * without a failover of our own; see reactivate_retired.) */
+static void start_move_without_lane(struct rh_conn *c, uint64_t now)
+{
+	WARN("conn %016llx (send): no lane left to carry its unacknowledged requests and no "
+	     "move in progress: starting one",
+	     (unsigned long long)c->id);
+	c->fo.active = true;
+	c->fo.t_detect_ms = now;
+	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+	c->fo.reprobes = 0;
+	if (!c->fo.await_first) {
+		rh_fo_start_marks(c, NULL, -ENOLINK, "no lane left");
+	}
+	c->fo.await_first = false;
+	c->fo.report_pending = false;
+	c->fo.cause_lnic = c->lnic_orig;
+	c->fo.cause_rnic = c->rnic_orig;
+	snprintf(c->fo.cause, sizeof(c->fo.cause), "no lane left: %s", strerror(ENOLINK));
+	RH_PROBE3(failover_start, c->id, (uint32_t)0, -ENOLINK);
+	c->fo.notify = true;
+	c->await_resume = true;
+}
+
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
 {
 	int timeout = (int)rh_param.COMPLETION_TIMEOUT;
@@ -787,6 +824,13 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 		if (c->err) {
 			return;
 		}
+	}
+	if (c->is_send && c->ready && !c->fo.active && unacked_work(c) &&
+	    count_state(c, RH_LANE_ACTIVE) + count_state(c, RH_LANE_OPENING) +
+			    count_state(c, RH_LANE_SUSPECT) ==
+		    0 &&
+	    reactivate_retired(c) == 0) {
+		start_move_without_lane(c, now);
 	}
 	if (c->fo.active) {
 		if (c->is_send && c->await_resume && !c->fo.notify &&
