@@ -5,9 +5,16 @@ Node 0 sends to node 1 through the plugin (harness: 8 connections, 512 KiB messa
 per connection, every byte checked) on the emulated fabric (2 nodes x 4 NICs, ``tbf`` on both
 veth ends). Each round starts a fresh harness pair, lets every connection run for 3 s (the
 plugin's rate baseline), then faults node 0's nic1 (the connections 1 and 5 use it): carrier
-loss (the node-side veth goes down) or a silent blackhole (carrier up, every frame dropped).
+loss (the node-side veth goes down), a silent blackhole (carrier up, every frame dropped), or
+``none``: no fault, the control that shows what the fabric does to the same measures anyway.
 "agent" rounds use a railhop agent per node (netlink + eBPF sources) through the run directory;
 "alone" rounds a run directory nobody serves.
+
+The queue (``--queues``) is the switch port's; ``--host-queues`` sets the nodes' own NIC queues,
+where the sender's packets wait (``same``: as deep as the switch's; the table's queue column
+then reads e.g. ``5ms/h100``). A host queue shallower than its TCP sockets may fill drops the
+sender's own packets, and TCP waits at least 200 ms before it tries such a socket again; a
+real NIC pushes back on the host instead of dropping (docs/BENCHMARKS.md, Resume breakdown).
 
 Marks, in ms after the fault, from the sender's plugin log (the harness's timestamps; each mark
 is the LATEST over the hit connections, so a round's row says when every hit connection got
@@ -32,18 +39,19 @@ there) and, for the stall, the receiver's per-connection progress (every 20 ms):
 
 Printed: the median over the rounds of each mark (missing marks are counted, not guessed).
 --tcpstat adds a line per round: its marks, the connection with the longest gap and when the
-gap began, the longest gap over the 2 s before the fault (what a healthy fabric shows), and the
-kernel's TCP counter deltas of both nodes over the faulted interval (sender/receiver: SYN
-retransmits, RTOs, loss probes, fast and slow-start retransmits, retransmitted segments, active
-opens). --logs DIR keeps every round's plugin logs.
+gap began, the longest gap over the 2 s before the fault (what a healthy fabric shows), the
+packets the sender's own NIC queues dropped, and the kernel's TCP counter deltas of both nodes
+over the faulted interval (sender/receiver: SYN retransmits, RTOs, loss probes, fast and
+slow-start retransmits, retransmitted segments, active opens). --logs DIR keeps every round's
+plugin logs.
 
     sudo .venv/bin/python bench/resume_breakdown.py [--rounds 5] [--rates 1000] [--queues 5,50]
-         [--faults carrier,blackhole] [--agent alone,agent] [--full] [--env NAME=VALUE]
-         [--tcpstat] [--logs DIR] [--json out.json]
+         [--host-queues same,100] [--faults none,carrier,blackhole] [--agent alone,agent]
+         [--full] [--env NAME=VALUE] [--tcpstat] [--logs DIR] [--json out.json]
 
-The default matrix (1 Gbit/s, 5 ms and 50 ms queues, both faults, with and without the agent,
-5 rounds: 40 rounds) takes ~10 minutes on a 2-core VM; ``--full`` adds 200 Mbit/s and
-unlimited NICs (120 rounds).
+The default matrix (1 Gbit/s, 5 ms and 50 ms queues, no fault and both faults, with and without
+the agent, 5 rounds: 60 rounds) takes ~15 minutes on a 2-core VM; ``--full`` adds 200 Mbit/s
+and unlimited NICs (180 rounds).
 """
 
 from __future__ import annotations
@@ -54,8 +62,9 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +88,7 @@ KiB, MiB = 1 << 10, 1 << 20
 CONNS = 8
 FAULT_NIC = 1
 WARM_S = 3.0  # traffic before the fault: the plugin's rate baseline
-AFTER_S = {"carrier": 3.0, "blackhole": 4.0}
+AFTER_S = {"carrier": 3.0, "blackhole": 4.0, "none": 3.0}
 HEALED_S = 3.0  # traffic after the heal: fail-back, which is the agent's evidence the NIC is good
 # The shipped default (permissive) with flap damping that forgets within a round: every round
 # faults the same NIC, and a growing hold-off would keep it down into the next rounds.
@@ -245,6 +254,40 @@ def tcp_counters(fab: Fabric, node: int) -> dict[str, int]:
     return {k: got.get(k, 0) for k in TCP_COUNTERS}
 
 
+class HostQueueSampler:
+    """Samples node 0's NIC queues (bytes waiting) every ``every`` s in a thread, from start to
+    stop: the standing queue a new TCP flow on that NIC waits behind (``on``: --tcpstat only,
+    as the sampling costs CPU on a small host)."""
+
+    def __init__(self, fab: Fabric, every: float = 0.1, on: bool = True) -> None:
+        self.fab, self.every, self.on = fab, every, on
+        self.samples: list[tuple[float, list[int]]] = []  # (monotonic, backlog per NIC)
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._body, name="host-queue-sampler", daemon=True)
+
+    def _body(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append((time.monotonic(), [q.backlog for q in self.fab.host_queues(0)]))
+
+    def __enter__(self) -> HostQueueSampler:
+        if self.on:
+            self._th.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.on:
+            self._th.join(5.0)
+
+    def median_ms(self, t0: float, t1: float, nics: Sequence[int], rate_mbit: int | None) -> float:
+        """The median over [t0, t1) (monotonic) of the mean backlog of ``nics``, in ms at the
+        rate (NaN without a rate or samples)."""
+        vals = [sum(b[i] for i in nics) / len(nics) for t, b in self.samples if t0 <= t < t1]
+        if not vals or not rate_mbit:
+            return float("nan")
+        return _common.median(vals) / (rate_mbit * 125.0)  # bytes / (bytes per ms)
+
+
 def one_round(
     fab: Fabric,
     fault: str,
@@ -263,17 +306,22 @@ def one_round(
         seed=seed,
     )
     env = {"RAILHOP_HARNESS_VERBOSE": "1", **extra_env}
-    with HarnessRun(fab, cfg, env=env, workdir=workdir) as run:
+    with (
+        HarnessRun(fab, cfg, env=env, workdir=workdir) as run,
+        HostQueueSampler(fab, on=tcpstat) as hq,
+    ):
         wait_for_bytes(run, 8 * MiB, timeout=30)
         time.sleep(max(0.0, run.started_at + 1.0 + WARM_S - time.monotonic()))
         before = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
+        drops0 = fab.qdisc_drops(0)
         t_fault = time.monotonic() - run.started_at
         if fault == "carrier":
             fab.carrier_down(0, FAULT_NIC)
-        else:
+        elif fault == "blackhole":
             fab.blackhole(0, FAULT_NIC)
         time.sleep(max(0.0, run.started_at + t_fault + AFTER_S[fault] - time.monotonic()))
         after = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
+        drops1 = fab.qdisc_drops(0)
         fab.heal_all()
         res = run.wait()
         send_log = (workdir / "send.stderr").read_text()
@@ -294,6 +342,15 @@ def one_round(
     out["healthy"] = rate_between(prog, t_fault - 2.0, t_fault) * 8e-6
     out["degraded"] = rate_between(prog, t_fault + 1.0, end) * 8e-6
     out["ok"] = res.ok and res.data_errors == 0
+    # packets the sender's own NIC queues dropped during the faulted interval (never sent)
+    out["host_drops"] = sum(drops1) - sum(drops0)
+    # the standing queue at the NICs the moved traffic goes to, before and during the fault
+    left = [i for i in range(fab.nics) if i != FAULT_NIC]
+    t0 = run.started_at + t_fault
+    out["host_queue_ms"] = [
+        hq.median_ms(t0 - 1.0, t0, left, fab.rate_mbit),
+        hq.median_ms(t0 + 0.1, t0 + AFTER_S[fault], left, fab.rate_mbit),
+    ]
     if tcpstat:
         # counter deltas over the faulted interval, sender (node 0) and receiver (node 1)
         pairs = zip(before, after, strict=True)
@@ -315,7 +372,8 @@ def tcp_line(r: dict[str, Any]) -> str:
     mk += f" (conn {r['stall_conn']} from {r['stall_at']:.0f}; healthy {r['healthy_gap']:.0f})"
     short = {k: k.split(":")[1].replace("TCP", "") for k in TCP_COUNTERS}
     tcp = " ".join(f"{short[k]}={r['tcp'][0][k]}/{r['tcp'][1][k]}" for k in TCP_COUNTERS)
-    return f"{mk} | {tcp}"
+    q0, q1 = r["host_queue_ms"]
+    return f"{mk} | host queue {q0:.1f}/{q1:.1f} ms, drops {r['host_drops']} | {tcp}"
 
 
 def fmt(v: float | None) -> str:
@@ -336,19 +394,43 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def header() -> str:
     cols = " ".join(f"{m:>8}" for m in (*MARKS, "stall", "max", "healthy", "1-down"))
-    return f"{'rate':>6} {'queue':>5} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
+    return f"{'rate':>6} {'queue':>9} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
 
 
-def row(rate: int | None, queue: int, fault: str, agent: str, s: dict[str, Any]) -> str:
+def row(
+    rate: int | None,
+    queue: int,
+    fault: str,
+    agent: str,
+    s: dict[str, Any],
+    host: int | None = None,
+) -> str:
     r = "unlim" if rate is None else f"{rate}M"
-    q = "-" if rate is None else f"{queue}ms"
+    q = "-" if rate is None else f"{queue}ms" + (f"/h{host}" if host else "")
     vals = " ".join(fmt(s[m]) for m in (*MARKS, "stall"))
-    misses = [m for m in MARKS if s[f"{m}_n"] < s["rounds"]]
+    misses = [m for m in MARKS if s[f"{m}_n"] < s["rounds"]] if fault != "none" else []
     note = f"  (missing in some rounds: {','.join(misses)})" if misses else ""
     return (
-        f"{r:>6} {q:>5} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
+        f"{r:>6} {q:>9} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
         f"{fmt(s['stall_max'])} {fmt(s['healthy'])} {fmt(s['degraded'])}{note}"
     )
+
+
+def cells(
+    rates: list[int | None],
+    queues: list[int],
+    hosts: list[int | None],
+    faults: list[str],
+    modes: list[str],
+) -> Iterator[tuple[int | None, int, int | None, str, str]]:
+    """The matrix in run order: (rate, switch queue, host queue, fault, agent mode). Unlimited
+    NICs have no queue, so they run once whatever the queue lists say."""
+    for rate in rates:
+        for queue in queues if rate is not None else queues[:1]:
+            for host in hosts if rate is not None else hosts[:1]:
+                for fault in faults:
+                    for mode in modes:
+                        yield rate, queue, host, fault, mode
 
 
 def main() -> int:
@@ -356,7 +438,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rates", default="1000", help="Mbit/s per NIC, 0 = unlimited")
     ap.add_argument("--queues", default="5,50", help="tbf queue (latency) in ms")
-    ap.add_argument("--faults", default="carrier,blackhole")
+    ap.add_argument(
+        "--faults",
+        default="none,carrier,blackhole",
+        help="carrier, blackhole, none (no fault: what the fabric shows anyway)",
+    )
+    ap.add_argument(
+        "--host-queues",
+        default="same",
+        help="the nodes' own NIC queues in ms, or 'same' as --queues (the switch side keeps"
+        " --queues); a real NIC pushes back on the host instead of dropping its packets",
+    )
     ap.add_argument("--agent", default="alone,agent")
     ap.add_argument("--full", action="store_true", help="rates 200,1000,0")
     ap.add_argument(
@@ -372,7 +464,11 @@ def main() -> int:
     use_source_tree_build()
     rates = [int(x) or None for x in ("200,1000,0" if args.full else args.rates).split(",")]
     queues = [int(x) for x in args.queues.split(",")]
+    hosts = [None if x == "same" else int(x) for x in args.host_queues.split(",") if x]
     faults = [f for f in args.faults.split(",") if f]
+    bad = [f for f in faults if f not in AFTER_S]
+    if bad:
+        ap.error(f"--faults: unknown {','.join(bad)} (carrier, blackhole, none)")
     modes = [m for m in args.agent.split(",") if m]
     extra = dict(kv.split("=", 1) for kv in args.env)
     print(f"resume breakdown on {_common.machine()}, {_common.stamp()}")
@@ -398,43 +494,44 @@ def main() -> int:
                 agents = PolicyAgents(fab, served, "netlink,ebpf")
                 print(f"agents ready in {agents.wait_ready():.1f} s")
             try:
-                for rate in rates:
-                    for queue in queues if rate is not None else queues[:1]:
-                        fab.set_rate(rate, queue)
-                        for fault in faults:
-                            for mode in modes:
-                                rows = []
-                                for _ in range(args.rounds):
-                                    nic = fab.ifname(FAULT_NIC)
-                                    if agents is not None and not agents_settled(agents, nic):
-                                        # held (e.g. blackholed with no traffic to prove it
-                                        # good): start fresh agents
-                                        print(f"  (restarting the agents: {nic} held)")
-                                        agents.stop()
-                                        agents = PolicyAgents(fab, served, "netlink,ebpf")
-                                        agents.wait_ready()
-                                    wd = fresh(tmp, served if mode == "agent" else None)
-                                    seed += 1
-                                    r = one_round(fab, fault, wd, seed, extra, args.tcpstat)
-                                    rows.append(r)
-                                    if args.logs:
-                                        keep_logs(wd, Path(args.logs), f"{fault}-{mode}-{seed}")
-                                    if args.tcpstat:
-                                        print(f"    round: {tcp_line(r)}", flush=True)
-                                s = summarize(rows)
-                                line = row(rate, queue, fault, mode, s)
-                                print(line, flush=True)
-                                lines.append(line)
-                                results.append(
-                                    {
-                                        "rate_mbit": rate,
-                                        "queue_ms": queue,
-                                        "fault": fault,
-                                        "agent": mode,
-                                        "summary": s,
-                                        "rounds": rows,
-                                    }
-                                )
+                shaped: tuple[int | None, int, int | None] | None = None
+                for rate, queue, host, fault, mode in cells(rates, queues, hosts, faults, modes):
+                    if shaped != (rate, queue, host):
+                        fab.set_rate(rate, queue, host)
+                        shaped = (rate, queue, host)
+                    rows = []
+                    for _ in range(args.rounds):
+                        nic = fab.ifname(FAULT_NIC)
+                        if agents is not None and not agents_settled(agents, nic):
+                            # held (e.g. blackholed with no traffic to prove it good): start
+                            # fresh agents
+                            print(f"  (restarting the agents: {nic} held)")
+                            agents.stop()
+                            agents = PolicyAgents(fab, served, "netlink,ebpf")
+                            agents.wait_ready()
+                        wd = fresh(tmp, served if mode == "agent" else None)
+                        seed += 1
+                        r = one_round(fab, fault, wd, seed, extra, args.tcpstat)
+                        rows.append(r)
+                        if args.logs:
+                            keep_logs(wd, Path(args.logs), f"{fault}-{mode}-{seed}")
+                        if args.tcpstat:
+                            print(f"    round: {tcp_line(r)}", flush=True)
+                    s = summarize(rows)
+                    line = row(rate, queue, fault, mode, s, host)
+                    print(line, flush=True)
+                    lines.append(line)
+                    results.append(
+                        {
+                            "rate_mbit": rate,
+                            "queue_ms": queue,
+                            "host_queue_ms": host,
+                            "fault": fault,
+                            "agent": mode,
+                            "summary": s,
+                            "rounds": rows,
+                        }
+                    )
             finally:
                 if agents is not None:
                     agents.stop()

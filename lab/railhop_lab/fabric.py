@@ -11,7 +11,9 @@ Every NIC has its own rail subnet 10.77.<nic>.0/24 (node n owns .n+1) and its ow
 selected by a source rule (``from <addr> lookup 100+<nic>``), so traffic sourced from a NIC's
 address leaves through that NIC even towards another rail. ``arp_ignore=1``/``arp_announce=2``
 make each address answer ARP on its own NIC only. An optional ``tbf`` qdisc on both veth ends
-gives every NIC a real bandwidth ceiling in both directions.
+gives every NIC a real bandwidth ceiling in both directions; the node-side one is the host's own
+NIC queue (its depth can differ from the switch side's, and :meth:`Fabric.host_queues` reports
+what waits in it and what it dropped).
 
 Faults (all reversible with :meth:`Fabric.heal`):
 
@@ -454,6 +456,14 @@ def _cleanup_all() -> None:
 atexit.register(_cleanup_all)
 
 
+@dataclass(frozen=True)
+class HostQueue:
+    """One NIC queue of a node: bytes waiting in it now, packets it dropped so far."""
+
+    backlog: int
+    drops: int
+
+
 class Fabric:
     """The emulated fabric. Use as a context manager; see the module docstring."""
 
@@ -467,12 +477,15 @@ class Fabric:
         mtu: int = 1500,
         state_dir: Path = STATE_DIR,
         queue_ms: int = QUEUE_MS,
+        host_queue_ms: int | None = None,
     ) -> None:
         self.plan = plan_fabric(nodes, nics, prefix)
         if rate_mbit is not None:
             tbf_params(rate_mbit, queue_ms)  # validate early
+            tbf_params(rate_mbit, host_queue_ms or queue_ms)
         self.rate_mbit = rate_mbit
         self.queue_ms = queue_ms
+        self.host_queue_ms = host_queue_ms
         self.mtu = mtu
         self._state_dir = state_dir
         self._ns: dict[str, Any] = {}  # netns name -> pyroute2 NetNS
@@ -637,9 +650,15 @@ class Fabric:
                 pidx = sp.link_lookup(ifname=np_.peer)[0]
                 sp.link("set", index=pidx, master=br, state="up")
                 if self.rate_mbit is not None:
-                    params = tbf_params(self.rate_mbit, self.queue_ms)
-                    nl.tc("add", "tbf", index=idx, handle="1:", **params)
-                    sp.tc("add", "tbf", index=pidx, handle="1:", **params)
+                    host = tbf_params(self.rate_mbit, self.host_queue_ms or self.queue_ms)
+                    nl.tc("add", "tbf", index=idx, handle="1:", **host)
+                    sp.tc(
+                        "add",
+                        "tbf",
+                        index=pidx,
+                        handle="1:",
+                        **tbf_params(self.rate_mbit, self.queue_ms),
+                    )
         sp.link("set", index=br, state="up")
         self._wait(
             lambda: all(self.link_state(n, i).operstate == "UP" for n, i in self._all_nics()),
@@ -647,22 +666,58 @@ class Fabric:
             "NICs to come up",
         )
 
-    def set_rate(self, rate_mbit: int | None, queue_ms: int = QUEUE_MS) -> None:
-        """Change every NIC's ceiling (both veth ends) in place: ``None`` removes it."""
-        params = tbf_params(rate_mbit, queue_ms) if rate_mbit is not None else None
+    def set_rate(
+        self,
+        rate_mbit: int | None,
+        queue_ms: int = QUEUE_MS,
+        host_queue_ms: int | None = None,
+    ) -> None:
+        """Change every NIC's ceiling (both veth ends) in place: ``None`` removes it.
+
+        ``queue_ms`` is the queue of the fabric's side (the switch port towards the node);
+        ``host_queue_ms``, when given, that of the node's own NIC, where the sender's packets
+        wait (default: the same). A host queue shallower than what its TCP sockets may hand it
+        (TCP small queues allow each at least two packets of up to 64 KiB) drops the sender's
+        own packets, which a real NIC, pushing back on the host instead, does not.
+        """
+        spine = tbf_params(rate_mbit, queue_ms) if rate_mbit is not None else None
+        host = tbf_params(rate_mbit, host_queue_ms or queue_ms) if rate_mbit is not None else None
         p = self.plan
         with self._nl_lock:
             sp = self._nl(p.spine_ns)
             for n, i in self._all_nics():
                 np_ = p.nic(n, i)
                 nl = self._nl(p.node_ns[n])
-                for ns, ifname in ((nl, np_.ifname), (sp, np_.peer)):
+                for ns, ifname, params in ((nl, np_.ifname, host), (sp, np_.peer, spine)):
                     idx = ns.link_lookup(ifname=ifname)[0]
                     if self.rate_mbit is not None:
                         ns.tc("del", index=idx, handle="1:", root=True)
                     if params is not None:
                         ns.tc("add", "tbf", index=idx, handle="1:", **params)
-        self.rate_mbit, self.queue_ms = rate_mbit, queue_ms
+        self.rate_mbit, self.queue_ms, self.host_queue_ms = rate_mbit, queue_ms, host_queue_ms
+
+    def host_queues(self, node: int) -> list[HostQueue]:
+        """The state of each of ``node``'s NIC queues (its ``tbf``; zeros without a ceiling):
+        what waits in it now and what it dropped so far, the sender's packets that never left
+        the host."""
+        if not 0 <= node < self.nodes:
+            raise FabricError(f"no node {node}")
+        with self._nl_lock:
+            nl = self._nl(self.plan.node_ns[node])
+            got: dict[int, HostQueue] = {}
+            for q in nl.get_qdiscs():
+                if q.get_attr("TCA_KIND") != "tbf":
+                    continue
+                st = q.get_attr("TCA_STATS") or {}
+                got[q["index"]] = HostQueue(int(st.get("backlog", 0)), int(st.get("drop", 0)))
+            return [
+                got.get(nl.link_lookup(ifname=self.plan.nic(node, i).ifname)[0], HostQueue(0, 0))
+                for i in range(self.nics)
+            ]
+
+    def qdisc_drops(self, node: int) -> list[int]:
+        """Packets each of ``node``'s NIC queues dropped so far (see :meth:`host_queues`)."""
+        return [q.drops for q in self.host_queues(node)]
 
     def _all_nics(self) -> Iterator[tuple[int, int]]:
         for n in range(self.nodes):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pyroute2 import netns
+from pyroute2 import NetNS, netns
 
 from conftest import require
 from railhop_lab.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_prefix
@@ -133,6 +133,65 @@ def test_tbf_limits_each_nic(fab: Fabric, direction: str) -> None:
     limit = 100e6 / 8
     # wire bytes include headers; the ceiling holds within a few percent, and one stream fills it
     assert 0.80 * limit <= rate <= 1.06 * limit, f"{rate * 8 / 1e6:.1f} Mbit/s vs 100"
+
+
+def _tbf_limits(fab: Fabric, node: int, nic: int) -> tuple[int, int]:
+    """The tbf queue limits (bytes) of the node's NIC and of its switch-side peer."""
+    out = []
+    for ns, ifname in (
+        (fab.netns(node), fab.ifname(nic)),
+        (fab.spine_netns, fab.plan.nic(node, nic).peer),
+    ):
+        with NetNS(ns) as nl:
+            idx = nl.link_lookup(ifname=ifname)[0]
+            (q,) = [q for q in nl.get_qdiscs(index=idx) if q.get_attr("TCA_KIND") == "tbf"]
+            out.append(q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["limit"])
+    return out[0], out[1]
+
+
+SO_SNDBUFFORCE = 32  # <asm-generic/socket.h>; Python's socket module does not name it
+
+
+def _udp_burst(fab: Fabric, nic: int, count: int) -> None:
+    """``count`` 1400-byte datagrams from node 0 to node 1 on one NIC, as fast as the socket
+    takes them (1 MiB of send buffer: more than a shallow queue holds, less than a deep one)."""
+    s = fab.socket(0, type=socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 1 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, fab.ifname(nic).encode())
+        s.bind((fab.address(0, nic), 0))
+        payload = b"\x5a" * 1400
+        for _ in range(count):
+            s.sendto(payload, (fab.address(1, nic), 9))  # discard port: nobody listens
+    finally:
+        s.close()
+
+
+def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
+    rate_bytes = 100_000_000 // 8
+    try:
+        fab.set_rate(100, queue_ms=2, host_queue_ms=200)
+        host, spine = _tbf_limits(fab, 0, 2)
+        # each queue holds its latency's worth at the rate beyond the burst
+        assert host - spine == pytest.approx(rate_bytes * 198 // 1000, rel=0.02)
+        assert fab.host_queue_ms == 200 and fab.queue_ms == 2
+        before = fab.qdisc_drops(0)
+        _udp_burst(fab, 2, 600)  # ~850 KB: fits the 200 ms host queue (2.6 MB)
+        assert fab.qdisc_drops(0) == before
+        fab.set_rate(100, queue_ms=2)  # the host queue as shallow as the switch's
+        host, spine = _tbf_limits(fab, 0, 2)
+        assert host == spine
+        before = fab.qdisc_drops(0)
+        _udp_burst(fab, 2, 600)  # ~850 KB into ~150 KB: the host drops its own packets
+        after = fab.qdisc_drops(0)
+        assert after[2] > before[2]
+        assert [a for i, a in enumerate(after) if i != 2] == [
+            b for i, b in enumerate(before) if i != 2
+        ]
+    finally:
+        fab.set_rate(100)
+    with pytest.raises(FabricError):
+        fab.qdisc_drops(5)
 
 
 def test_carrier_down_local(fab: Fabric) -> None:

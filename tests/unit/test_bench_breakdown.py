@@ -1,0 +1,83 @@
+"""The resume breakdown's pure parts (bench/resume_breakdown.py): the run matrix, the marks
+taken from a sender's log, and the summary row, without a fabric."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+LOG = """\
+[   4.050] agent.c:255 NET/railhop agent_poll: agent marks nic1 down (reason 1)
+[   4.052] failover.c:259 NET/railhop rh_fo_lane_failed: conn 94bd86c7bf5b4e3e (send): lane 0 \
+nic1 -> peer NIC 1 failed: local NIC down (Network is down)
+[   4.052] conn.c:207 NET/railhop rh_conn_open_lane: conn 94bd86c7bf5b4e3e: opening lane 2 nic0 \
+-> peer NIC 0 (4 streams, epoch 1)
+[   4.064] handshake.c:325 NET/railhop rh_core_stream_ready: conn 94bd86c7bf5b4e3e (send): lane 2 \
+up nic0 -> peer NIC 0
+[   4.068] failover.c:657 NET/railhop rh_fo_on_resume: conn 94bd86c7bf5b4e3e (send): RESUME \
+applied at epoch 2: 0 confirmed, 8 replayed (3932160 bytes) on 3 lanes
+[   4.080] marks.c:100 NET/railhop rh_fo_replay_progress: conn 94bd86c7bf5b4e3e (send): replay \
+sent, 27.9 ms after detection
+[   4.103] marks.c:155 NET/railhop first_completion: conn 94bd86c7bf5b4e3e (send): failover off \
+nic1 -> peer 10.77.1.2 (NIC 1), cause: local NIC down; first completion 50.8 ms after detection
+[   4.286] marks.c:108 NET/railhop rh_fo_replay_progress: conn 94bd86c7bf5b4e3e (send): replay \
+acknowledged, 233.4 ms after detection
+[   4.400] handshake.c:325 NET/railhop rh_core_stream_ready: conn 0000000000000001 (send): lane 0 \
+up nic2 -> peer NIC 2 (primary)
+"""
+
+
+@pytest.fixture(scope="module")
+def rb() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import resume_breakdown
+
+        yield resume_breakdown
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_matrix_order_and_unlimited_runs_once(rb: ModuleType) -> None:
+    got = list(rb.cells([1000, None], [5, 50], [None, 100], ["none", "carrier"], ["agent"]))
+    # shaped NICs: every queue x host queue x fault; unlimited: no queue, so once per fault
+    assert len(got) == 2 * 2 * 2 + 2
+    assert got[0] == (1000, 5, None, "none", "agent")
+    assert got[1] == (1000, 5, None, "carrier", "agent")
+    assert got[2] == (1000, 5, 100, "none", "agent")
+    assert got[-2:] == [(None, 5, None, "none", "agent"), (None, 5, None, "carrier", "agent")]
+
+
+def test_marks_of_a_moved_connection(rb: ModuleType) -> None:
+    mk = rb.marks(rb.parse_log(LOG), "nic1", 4.050)
+    assert mk["hit"] == 1  # the untouched connection on nic2 is not counted
+    want = {
+        "detect": 0.0,
+        "decide": 2.0,
+        "open": 2.0,
+        "handshake": 14.0,
+        "resume": 18.0,
+        "rp.sent": 30.0,
+        "first": 53.0,
+        "rp.acked": 236.0,
+    }
+    for name, ms in want.items():
+        assert mk[name] == pytest.approx(ms, abs=0.01), name
+    assert mk["fair"] is None  # never logged: missing, not guessed
+
+
+def test_a_round_without_a_fault_has_no_marks_and_no_missing_note(rb: ModuleType) -> None:
+    mk = rb.marks(rb.parse_log(LOG), "nic1", 9.0)  # nothing after t=9 s
+    assert mk["hit"] == 0 and all(mk[m] is None for m in rb.MARKS)
+    r = {**mk, "stall": 21.0, "ok": True, "healthy": 3821.0, "degraded": 3820.0}
+    s = rb.summarize([r, r])
+    line = rb.row(1000, 5, "none", "agent", s, 100)
+    assert "5ms/h100" in line and "none" in line and "2/2" in line
+    assert "missing" not in line  # a control round has no marks to miss
+    assert "missing in some rounds: detect" in rb.row(1000, 5, "carrier", "agent", s)
