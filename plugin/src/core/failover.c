@@ -232,6 +232,37 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 	}
 }
 
+/* A failure that needs the data moved: the escalation bound counts from now, and the first
+ * failure of a move sets its start, marks, cause and FAILOVER_START (a move that had no
+ * completion yet keeps its start: the stall the application sees began there). l: the lane that
+ * failed, or NULL when none did (start_move_without_lane: the cause is the original pair). */
+static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char *why, uint64_t now)
+{
+	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+	c->fo.reprobes = 0;
+	if (!c->fo.active) {
+		c->fo.active = true;
+		c->fo.t_detect_ms = now;
+		if (!c->fo.await_first) {
+			rh_fo_start_marks(c, l, err, why);
+		}
+		c->fo.await_first = false;
+		c->fo.report_pending = false;
+		c->fo.cause_lnic = l ? l->lnic : c->lnic_orig;
+		c->fo.cause_rnic = l ? l->rnic : c->rnic_orig;
+		snprintf(c->fo.cause, sizeof(c->fo.cause), "%s: %s", why,
+			 strerror(err < 0 ? -err : err));
+		RH_PROBE3(failover_start, c->id, l ? l->id : 0u, err);
+		if (l) {
+			rh_conn_lane_event(c, l, RH_EVT_FAILOVER_START, err, 0, 0);
+		}
+	}
+	c->fo.notify = true;
+	if (c->is_send) {
+		c->await_resume = true;
+	}
+}
+
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
 {
 	uint64_t now = rh_now_ms();
@@ -298,29 +329,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		/* Escalation is bounded from the latest confirmed failure of a lane that carried
 		 * traffic: with no compatible pair left that is within 2x the completion timeout
 		 * of the last progress. */
-		c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
-		c->fo.reprobes = 0;
-		if (!c->fo.active) {
-			c->fo.active = true;
-			c->fo.t_detect_ms = now;
-			/* (a move that had no completion yet keeps its start: the stall the
-			 * application sees began there) */
-			if (!c->fo.await_first) {
-				rh_fo_start_marks(c, l, err, why);
-			}
-			c->fo.await_first = false;
-			c->fo.report_pending = false;
-			c->fo.cause_lnic = l->lnic;
-			c->fo.cause_rnic = l->rnic;
-			snprintf(c->fo.cause, sizeof(c->fo.cause), "%s: %s", why,
-				 strerror(err < 0 ? -err : err));
-			RH_PROBE3(failover_start, c->id, l->id, err);
-			rh_conn_lane_event(c, l, RH_EVT_FAILOVER_START, err, 0, 0);
-		}
-		c->fo.notify = true;
-		if (c->is_send) {
-			c->await_resume = true;
-		}
+		begin_move(c, l, err, why, now);
 	}
 	open_backups(c);
 	send_notify(c);
@@ -710,21 +719,7 @@ static void start_move_without_lane(struct rh_conn *c, uint64_t now)
 	WARN("conn %016llx (send): no lane left to carry its unacknowledged requests and no "
 	     "move in progress: starting one",
 	     (unsigned long long)c->id);
-	c->fo.active = true;
-	c->fo.t_detect_ms = now;
-	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
-	c->fo.reprobes = 0;
-	if (!c->fo.await_first) {
-		rh_fo_start_marks(c, NULL, -ENOLINK, "no lane left");
-	}
-	c->fo.await_first = false;
-	c->fo.report_pending = false;
-	c->fo.cause_lnic = c->lnic_orig;
-	c->fo.cause_rnic = c->rnic_orig;
-	snprintf(c->fo.cause, sizeof(c->fo.cause), "no lane left: %s", strerror(ENOLINK));
-	RH_PROBE3(failover_start, c->id, (uint32_t)0, -ENOLINK);
-	c->fo.notify = true;
-	c->await_resume = true;
+	begin_move(c, NULL, -ENOLINK, "no lane left", now);
 }
 
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
