@@ -14,7 +14,7 @@ The queue (``--queues``) is the switch port's; ``--host-queues`` sets the nodes'
 where the sender's packets wait (``same``: as deep as the switch's; the table's queue column
 then reads e.g. ``5ms/h100``). A host queue shallower than its TCP sockets may fill drops the
 sender's own packets, and TCP waits at least 200 ms before it tries such a socket again; a
-real NIC pushes back on the host instead of dropping (docs/BENCHMARKS.md, Resume breakdown).
+real host's NIC pushes back into a deep qdisc instead (docs/BENCHMARKS.md, Resume breakdown).
 
 Marks, in ms after the fault, from the sender's plugin log (the harness's timestamps; each mark
 is the LATEST over the hit connections, so a round's row says when every hit connection got
@@ -447,7 +447,7 @@ def main() -> int:
         "--host-queues",
         default="same",
         help="the nodes' own NIC queues in ms, or 'same' as --queues (the switch side keeps"
-        " --queues); a real NIC pushes back on the host instead of dropping its packets",
+        " --queues); a shallow one drops the sender's own packets, which real hosts rarely do",
     )
     ap.add_argument("--agent", default="alone,agent")
     ap.add_argument("--full", action="store_true", help="rates 200,1000,0")

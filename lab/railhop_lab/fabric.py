@@ -677,8 +677,8 @@ class Fabric:
         ``queue_ms`` is the queue of the fabric's side (the switch port towards the node);
         ``host_queue_ms``, when given, that of the node's own NIC, where the sender's packets
         wait (default: the same). A host queue shallower than what its TCP sockets may hand it
-        (TCP small queues allow each at least two packets of up to 64 KiB) drops the sender's
-        own packets, which a real NIC, pushing back on the host instead, does not.
+        (TCP small queues allow each about two packets of up to 64 KiB) drops the sender's
+        own packets, which a real host, whose NIC pushes back into a deep qdisc, rarely does.
         """
         spine = tbf_params(rate_mbit, queue_ms) if rate_mbit is not None else None
         host = tbf_params(rate_mbit, host_queue_ms or queue_ms) if rate_mbit is not None else None
