@@ -178,11 +178,13 @@ def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
         before = fab.qdisc_drops(0)
         _udp_burst(fab, 2, 600)  # ~850 KB: fits the 200 ms host queue (2.6 MB)
         assert fab.qdisc_drops(0) == before
-        fab.set_rate(100, queue_ms=2)  # the host queue as shallow as the switch's
+        # the host queue as shallow as the switch's, at 10 Mbit/s: ~130 KB that drain at
+        # 1.25 KB/ms, so even a slow sender overflows it
+        fab.set_rate(10, queue_ms=2)
         host, spine = _tbf_limits(fab, 0, 2)
         assert host == spine
         before = fab.qdisc_drops(0)
-        _udp_burst(fab, 2, 600)  # ~850 KB into ~150 KB: the host drops its own packets
+        _udp_burst(fab, 2, 600)  # ~850 KB: the host drops its own packets
         after = fab.qdisc_drops(0)
         assert after[2] > before[2]
         assert [a for i, a in enumerate(after) if i != 2] == [
