@@ -279,12 +279,14 @@ class HostQueueSampler:
         if self.on:
             self._th.join(5.0)
 
-    def median_ms(self, t0: float, t1: float, nics: Sequence[int], rate_mbit: int | None) -> float:
+    def median_ms(
+        self, t0: float, t1: float, nics: Sequence[int], rate_mbit: int | None
+    ) -> float | None:
         """The median over [t0, t1) (monotonic) of the mean backlog of ``nics``, in ms at the
-        rate (NaN without a rate or samples)."""
+        rate (None without a rate or samples)."""
         vals = [sum(b[i] for i in nics) / len(nics) for t, b in self.samples if t0 <= t < t1]
         if not vals or not rate_mbit:
-            return float("nan")
+            return None
         return _common.median(vals) / (rate_mbit * 125.0)  # bytes / (bytes per ms)
 
 
@@ -372,8 +374,8 @@ def tcp_line(r: dict[str, Any]) -> str:
     mk += f" (conn {r['stall_conn']} from {r['stall_at']:.0f}; healthy {r['healthy_gap']:.0f})"
     short = {k: k.split(":")[1].replace("TCP", "") for k in TCP_COUNTERS}
     tcp = " ".join(f"{short[k]}={r['tcp'][0][k]}/{r['tcp'][1][k]}" for k in TCP_COUNTERS)
-    q0, q1 = r["host_queue_ms"]
-    return f"{mk} | host queue {q0:.1f}/{q1:.1f} ms, drops {r['host_drops']} | {tcp}"
+    q = "/".join("-" if v is None else f"{v:.1f}" for v in r["host_queue_ms"])
+    return f"{mk} | host queue {q} ms, drops {r['host_drops']} | {tcp}"
 
 
 def fmt(v: float | None) -> str:

@@ -81,3 +81,28 @@ def test_a_round_without_a_fault_has_no_marks_and_no_missing_note(rb: ModuleType
     assert "5ms/h100" in line and "none" in line and "2/2" in line
     assert "missing" not in line  # a control round has no marks to miss
     assert "missing in some rounds: detect" in rb.row(1000, 5, "carrier", "agent", s)
+
+
+def test_standing_host_queue_in_ms(rb: ModuleType) -> None:
+    hq = rb.HostQueueSampler(None, on=False)
+    # backlog per NIC (bytes) at 1 Gbit/s = 125 000 bytes per ms
+    hq.samples = [(10.0, [250_000, 0, 125_000, 0]), (10.1, [500_000, 0, 500_000, 500_000])]
+    hq.samples += [(11.0, [1_250_000] * 4)]  # after the window
+    assert hq.median_ms(10.0, 10.5, [0, 2, 3], 1000) == pytest.approx((1.0 + 4.0) / 2)
+    assert hq.median_ms(10.0, 10.5, [0, 2, 3], None) is None  # no ceiling: no queue to measure
+    assert hq.median_ms(20.0, 21.0, [0], 1000) is None  # no samples (--tcpstat off)
+    r = {
+        "resume": 31.0,
+        "first": 73.0,
+        "fair": None,
+        "stall": 401.0,
+        "stall_conn": 2,
+        "stall_at": 690.0,
+        "healthy_gap": 221.0,
+        "host_queue_ms": [None, 7.54],
+        "host_drops": 4490,
+        "tcp": [dict.fromkeys(rb.TCP_COUNTERS, 0), dict.fromkeys(rb.TCP_COUNTERS, 1)],
+    }
+    line = rb.tcp_line(r)
+    assert "host queue -/7.5 ms, drops 4490" in line
+    assert "conn 2 from 690; healthy 221" in line and "RetransSegs=0/1" in line
