@@ -315,7 +315,7 @@ def one_round(
         wait_for_bytes(run, 8 * MiB, timeout=30)
         time.sleep(max(0.0, run.started_at + 1.0 + WARM_S - time.monotonic()))
         before = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
-        drops0 = fab.qdisc_drops(0)
+        drops0 = [q.drops for q in fab.host_queues(0)]
         t_fault = time.monotonic() - run.started_at
         if fault == "carrier":
             fab.carrier_down(0, FAULT_NIC)
@@ -323,7 +323,7 @@ def one_round(
             fab.blackhole(0, FAULT_NIC)
         time.sleep(max(0.0, run.started_at + t_fault + AFTER_S[fault] - time.monotonic()))
         after = [tcp_counters(fab, n) for n in range(2)] if tcpstat else []
-        drops1 = fab.qdisc_drops(0)
+        drops1 = [q.drops for q in fab.host_queues(0)]
         fab.heal_all()
         res = run.wait()
         send_log = (workdir / "send.stderr").read_text()

@@ -176,6 +176,16 @@ def tbf_params(rate_mbit: int, queue_ms: int = QUEUE_MS) -> dict[str, Any]:
     return {"rate": f"{rate_mbit}mbit", "burst": burst, "latency": f"{queue_ms}ms"}
 
 
+def tbf_sides(
+    rate_mbit: int | None, queue_ms: int, host_queue_ms: int | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The tbf parameters of a NIC's node side (the host's own queue: ``host_queue_ms``, or
+    ``queue_ms`` when None) and of its switch side (``queue_ms``); (None, None) unshaped."""
+    if rate_mbit is None:
+        return None, None
+    return tbf_params(rate_mbit, host_queue_ms or queue_ms), tbf_params(rate_mbit, queue_ms)
+
+
 def node_sysctls(ifnames: Sequence[str]) -> list[tuple[str, str]]:
     """Sysctls (path under /proc/sys, value) of a node: ARP per NIC, no rp_filter, no IPv6."""
     out: list[tuple[str, str]] = []
@@ -480,9 +490,7 @@ class Fabric:
         host_queue_ms: int | None = None,
     ) -> None:
         self.plan = plan_fabric(nodes, nics, prefix)
-        if rate_mbit is not None:
-            tbf_params(rate_mbit, queue_ms)  # validate early
-            tbf_params(rate_mbit, host_queue_ms or queue_ms)
+        tbf_sides(rate_mbit, queue_ms, host_queue_ms)  # validate early
         self.rate_mbit = rate_mbit
         self.queue_ms = queue_ms
         self.host_queue_ms = host_queue_ms
@@ -606,6 +614,7 @@ class Fabric:
 
     def _build(self) -> None:
         p = self.plan
+        host, spine = tbf_sides(self.rate_mbit, self.queue_ms, self.host_queue_ms)
         for name in p.namespaces():
             netns.create(name)
             _write_sysctls(name, _PRE_LINK_SYSCTLS)
@@ -649,16 +658,9 @@ class Fabric:
                 )
                 pidx = sp.link_lookup(ifname=np_.peer)[0]
                 sp.link("set", index=pidx, master=br, state="up")
-                if self.rate_mbit is not None:
-                    host = tbf_params(self.rate_mbit, self.host_queue_ms or self.queue_ms)
+                if host is not None and spine is not None:
                     nl.tc("add", "tbf", index=idx, handle="1:", **host)
-                    sp.tc(
-                        "add",
-                        "tbf",
-                        index=pidx,
-                        handle="1:",
-                        **tbf_params(self.rate_mbit, self.queue_ms),
-                    )
+                    sp.tc("add", "tbf", index=pidx, handle="1:", **spine)
         sp.link("set", index=br, state="up")
         self._wait(
             lambda: all(self.link_state(n, i).operstate == "UP" for n, i in self._all_nics()),
@@ -680,8 +682,7 @@ class Fabric:
         (TCP small queues allow each about two packets of up to 64 KiB) drops the sender's
         own packets, which a real host, whose NIC pushes back into a deep qdisc, rarely does.
         """
-        spine = tbf_params(rate_mbit, queue_ms) if rate_mbit is not None else None
-        host = tbf_params(rate_mbit, host_queue_ms or queue_ms) if rate_mbit is not None else None
+        host, spine = tbf_sides(rate_mbit, queue_ms, host_queue_ms)
         p = self.plan
         with self._nl_lock:
             sp = self._nl(p.spine_ns)
@@ -714,10 +715,6 @@ class Fabric:
                 got.get(nl.link_lookup(ifname=self.plan.nic(node, i).ifname)[0], HostQueue(0, 0))
                 for i in range(self.nics)
             ]
-
-    def qdisc_drops(self, node: int) -> list[int]:
-        """Packets each of ``node``'s NIC queues dropped so far (see :meth:`host_queues`)."""
-        return [q.drops for q in self.host_queues(node)]
 
     def _all_nics(self) -> Iterator[tuple[int, int]]:
         for n in range(self.nodes):

@@ -167,6 +167,10 @@ def _udp_burst(fab: Fabric, nic: int, count: int) -> None:
         s.close()
 
 
+def _drops(fab: Fabric) -> list[int]:
+    return [q.drops for q in fab.host_queues(0)]
+
+
 def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
     rate_bytes = 100_000_000 // 8
     try:
@@ -175,17 +179,17 @@ def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
         # each queue holds its latency's worth at the rate beyond the burst
         assert host - spine == pytest.approx(rate_bytes * 198 // 1000, rel=0.02)
         assert fab.host_queue_ms == 200 and fab.queue_ms == 2
-        before = fab.qdisc_drops(0)
+        before = _drops(fab)
         _udp_burst(fab, 2, 600)  # ~850 KB: fits the 200 ms host queue (2.6 MB)
-        assert fab.qdisc_drops(0) == before
+        assert _drops(fab) == before
         # the host queue as shallow as the switch's, at 10 Mbit/s: ~130 KB that drain at
         # 1.25 KB/ms, so even a slow sender overflows it
         fab.set_rate(10, queue_ms=2)
         host, spine = _tbf_limits(fab, 0, 2)
         assert host == spine
-        before = fab.qdisc_drops(0)
+        before = _drops(fab)
         _udp_burst(fab, 2, 600)  # ~850 KB: the host drops its own packets
-        after = fab.qdisc_drops(0)
+        after = _drops(fab)
         assert after[2] > before[2]
         assert [a for i, a in enumerate(after) if i != 2] == [
             b for i, b in enumerate(before) if i != 2
@@ -193,7 +197,7 @@ def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
     finally:
         fab.set_rate(100)
     with pytest.raises(FabricError):
-        fab.qdisc_drops(5)
+        fab.host_queues(5)
 
 
 def test_carrier_down_local(fab: Fabric) -> None:
