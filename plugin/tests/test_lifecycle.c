@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "live_threads.h"
 #include "nccl/net.h"
 
 #define MSG (1u << 20)
@@ -233,7 +234,7 @@ int main(int argc, char **argv)
 	pthread_create(&th, NULL, nothing, NULL);
 	pthread_join(th, NULL);
 	for (int r = 0; r < rounds; r++) {
-		int threads0 = count_dir("/proc/self/task"), fds0 = count_dir("/proc/self/fd");
+		int threads0 = live_threads(), fds0 = count_dir("/proc/self/fd");
 		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 		int threads, fds;
 
@@ -250,7 +251,7 @@ int main(int argc, char **argv)
 		}
 		/* Stopped: the host may release the logger now, and unload the library. */
 		atomic_store(&armed, false);
-		threads = count_dir("/proc/self/task");
+		threads = live_threads();
 		fds = count_dir("/proc/self/fd");
 		if (threads != threads0 || fds != fds0) {
 			fprintf(stderr, "round %d (%s): threads %d -> %d, descriptors %d -> %d\n",
@@ -259,7 +260,7 @@ int main(int argc, char **argv)
 		EXPECT_EQ(threads, threads0);
 		EXPECT_EQ(fds, fds0);
 		EXPECT_EQ(dlclose(lib), 0);
-		EXPECT_EQ(count_dir("/proc/self/task"), threads0);
+		EXPECT_EQ(live_threads(), threads0);
 		EXPECT_EQ(count_dir("/proc/self/fd"), fds0);
 		if (test_failures) {
 			fprintf(stderr, "round %d failed\n", r);

@@ -13,7 +13,6 @@
  * plugin thread still ran or the plugin logged after the teardown (teardown()).
  * tests/privileged/test_datapath*.py and test_teardown.py drive it.
  */
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "live_threads.h"
 #include "nccl/net.h"
 
 #define MAX_CONNS 256
@@ -556,24 +556,6 @@ static void close_all(void)
 	}
 }
 
-/* Tear down as NCCL 2.23+ does: deregister, close every comm and listener, finalize the
- * context, unload the plugin. By then the plugin must have stopped: a thread of it still
- * running would execute unmapped code, a log call would reach a logger the host released.
- * Exit status 4 when either happened (rc otherwise). */
-static int count_threads(void)
-{
-	int threads = 0;
-	DIR *d = opendir("/proc/self/task");
-
-	for (struct dirent *e; d && (e = readdir(d));) {
-		threads += e->d_name[0] != '.';
-	}
-	if (d) {
-		closedir(d);
-	}
-	return threads;
-}
-
 static int threads0; /* before the plugin was loaded */
 
 static void *nothing(void *arg)
@@ -581,6 +563,10 @@ static void *nothing(void *arg)
 	return arg;
 }
 
+/* Tear down as NCCL 2.23+ does: deregister, close every comm and listener, finalize the
+ * context, unload the plugin. By then the plugin must have stopped: a thread of it still
+ * running would execute unmapped code, a log call would reach a logger the host released.
+ * Exit status 4 when either happened (rc otherwise). */
 static int teardown(int rc)
 {
 	int threads;
@@ -593,7 +579,7 @@ static int teardown(int rc)
 	}
 	finalized = 1;
 	dlclose(lib);
-	threads = count_threads();
+	threads = live_threads();
 	if (threads != threads0 || late_logs) {
 		fprintf(stderr,
 			"harness: after finalize and dlclose: %d plugin thread(s) still running, "
@@ -939,7 +925,7 @@ int main(int argc, char **argv)
 		if (pthread_create(&th, NULL, nothing, NULL) == 0) {
 			pthread_join(th, NULL);
 		}
-		threads0 = count_threads();
+		threads0 = live_threads();
 	}
 	lib = dlopen(opt.plugin, RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
