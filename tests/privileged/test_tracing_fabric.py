@@ -182,8 +182,17 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert r is not None
         tree = [s for s in spans_of(received) if s["trace_id"] == r["trace_id"]]
         names = [s["name"] for s in tree]
-        for n in (tracing.DETECTION, tracing.DECISION, tracing.FAILBACK):
+        for n in (tracing.DETECTION, tracing.FAILBACK):
             assert names.count(n) == 1, names
+        # one decision span per distinct plan for nic1: one, unless another NIC's health changed
+        # while nic1 was down (a loaded host can make a lane on it late); numbered in order
+        decs = sorted(
+            (s for s in tree if s["name"] == tracing.DECISION),
+            key=lambda s: s["attributes"]["railhop.decision.seq"],
+        )
+        assert [d["attributes"]["railhop.decision.seq"] for d in decs] == list(
+            range(1, len(decs) + 1)
+        ), names
         # every span is a child of the root, but the fair-share mark, a child of its migration
         migrations = {s["span_id"] for s in tree if s["name"] == tracing.MIGRATION}
         for s in tree:
@@ -201,9 +210,10 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         det = next(s for s in tree if s["name"] == tracing.DETECTION)
         assert det["start"] == r["start"]
         assert det["attributes"]["railhop.detection.signal"] == "carrier_down"
-        dec = next(s for s in tree if s["name"] == tracing.DECISION)
-        pairs = dec["attributes"]["railhop.decision.pairs"]
-        assert pairs and not any(p.startswith("nic1->") for p in pairs), pairs
+        for dec in decs:
+            pairs = dec["attributes"]["railhop.decision.pairs"]
+            assert pairs and not any(p.startswith("nic1->") for p in pairs), pairs
+        assert decs[0]["start"] >= det["start"]  # planned after the first sign
         fb = next(s for s in tree if s["name"] == tracing.FAILBACK)
         assert fb["end"] == r["end"] and fb["start"] > r["start"]
         assert fb["end"] - r["start"] >= 1_000_000_000  # the hold-off
