@@ -15,6 +15,9 @@ where the sender's packets wait (``same``: as deep as the switch's; the table's 
 then reads e.g. ``5ms/h100``). A host queue shallower than its TCP sockets may fill drops the
 sender's own packets, and TCP waits at least 200 ms before it tries such a socket again; a
 real host's NIC pushes back into a deep qdisc instead (docs/BENCHMARKS.md, Resume breakdown).
+``--host-qdisc`` sets how that queue is shared: ``fifo`` (one tbf: a new TCP flow waits behind
+the standing queue of every other flow on the NIC) or ``flows`` (a queue per flow under one
+ceiling, as a real host's fq_codel: the queue column gets ``+fl``).
 
 Marks, in ms after the fault, from the sender's plugin log (the harness's timestamps; each mark
 is the LATEST over the hit connections, so a round's row says when every hit connection got
@@ -46,7 +49,8 @@ slow-start retransmits, retransmitted segments, active opens). --logs DIR keeps 
 plugin logs.
 
     sudo .venv/bin/python bench/resume_breakdown.py [--rounds 5] [--rates 1000] [--queues 5,50]
-         [--host-queues same,100] [--faults none,carrier,blackhole] [--agent alone,agent]
+         [--host-queues same,100] [--host-qdisc fifo,flows] [--faults none,carrier,blackhole]
+         [--agent alone,agent]
          [--full] [--env NAME=VALUE] [--tcpstat] [--logs DIR] [--json out.json]
 
 The default matrix (1 Gbit/s, 5 ms and 50 ms queues, no fault and both faults, with and without
@@ -73,7 +77,7 @@ import _common
 _common.setup_import_path()
 
 from agent_bench import Agents, fresh  # noqa: E402
-from railhop_lab.fabric import Fabric, unique_prefix  # noqa: E402
+from railhop_lab.fabric import HOST_QDISCS, Fabric, unique_prefix  # noqa: E402
 from railhop_lab.harness import (  # noqa: E402
     HarnessConfig,
     HarnessRun,
@@ -396,7 +400,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def header() -> str:
     cols = " ".join(f"{m:>8}" for m in (*MARKS, "stall", "max", "healthy", "1-down"))
-    return f"{'rate':>6} {'queue':>9} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
+    return f"{'rate':>6} {'queue':>12} {'fault':>9} {'agent':>6} {'ok':>4} | {cols}"
 
 
 def row(
@@ -406,14 +410,16 @@ def row(
     agent: str,
     s: dict[str, Any],
     host: int | None = None,
+    qdisc: str = "fifo",
 ) -> str:
     r = "unlim" if rate is None else f"{rate}M"
     q = "-" if rate is None else f"{queue}ms" + (f"/h{host}" if host else "")
+    q += "+fl" if rate is not None and qdisc == "flows" else ""
     vals = " ".join(fmt(s[m]) for m in (*MARKS, "stall"))
     misses = [m for m in MARKS if s[f"{m}_n"] < s["rounds"]] if fault != "none" else []
     note = f"  (missing in some rounds: {','.join(misses)})" if misses else ""
     return (
-        f"{r:>6} {q:>9} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
+        f"{r:>6} {q:>12} {fault:>9} {agent:>6} {s['ok']}/{s['rounds']} | {vals} "
         f"{fmt(s['stall_max'])} {fmt(s['healthy'])} {fmt(s['degraded'])}{note}"
     )
 
@@ -424,15 +430,17 @@ def cells(
     hosts: list[int | None],
     faults: list[str],
     modes: list[str],
-) -> Iterator[tuple[int | None, int, int | None, str, str]]:
-    """The matrix in run order: (rate, switch queue, host queue, fault, agent mode). Unlimited
-    NICs have no queue, so they run once whatever the queue lists say."""
+    qdiscs: Sequence[str] = ("fifo",),
+) -> Iterator[tuple[int | None, int, int | None, str, str, str]]:
+    """The matrix in run order: (rate, switch queue, host queue, fault, agent mode, host qdisc).
+    Unlimited NICs have no queue, so they run once whatever the queue lists say."""
     for rate in rates:
         for queue in queues if rate is not None else queues[:1]:
             for host in hosts if rate is not None else hosts[:1]:
-                for fault in faults:
-                    for mode in modes:
-                        yield rate, queue, host, fault, mode
+                for qdisc in qdiscs if rate is not None else qdiscs[:1]:
+                    for fault in faults:
+                        for mode in modes:
+                            yield rate, queue, host, fault, mode, qdisc
 
 
 def main() -> int:
@@ -451,6 +459,12 @@ def main() -> int:
         help="the nodes' own NIC queues in ms, or 'same' as --queues (the switch side keeps"
         " --queues); a shallow one drops the sender's own packets, which real hosts rarely do",
     )
+    ap.add_argument(
+        "--host-qdisc",
+        default="fifo",
+        help="how the nodes' NIC queues are shared: fifo (one queue), flows (a queue per flow,"
+        " as a real host's fq_codel), or both: fifo,flows",
+    )
     ap.add_argument("--agent", default="alone,agent")
     ap.add_argument("--full", action="store_true", help="rates 200,1000,0")
     ap.add_argument(
@@ -467,6 +481,9 @@ def main() -> int:
     rates = [int(x) or None for x in ("200,1000,0" if args.full else args.rates).split(",")]
     queues = [int(x) for x in args.queues.split(",")]
     hosts = [None if x == "same" else int(x) for x in args.host_queues.split(",") if x]
+    qdiscs = [q for q in args.host_qdisc.split(",") if q]
+    if not qdiscs or any(q not in HOST_QDISCS for q in qdiscs):
+        ap.error(f"--host-qdisc: want one or more of {','.join(HOST_QDISCS)}")
     faults = [f for f in args.faults.split(",") if f]
     bad = [f for f in faults if f not in AFTER_S]
     if bad:
@@ -496,11 +513,12 @@ def main() -> int:
                 agents = PolicyAgents(fab, served, "netlink,ebpf")
                 print(f"agents ready in {agents.wait_ready():.1f} s")
             try:
-                shaped: tuple[int | None, int, int | None] | None = None
-                for rate, queue, host, fault, mode in cells(rates, queues, hosts, faults, modes):
-                    if shaped != (rate, queue, host):
-                        fab.set_rate(rate, queue, host)
-                        shaped = (rate, queue, host)
+                shaped: tuple[int | None, int, int | None, str] | None = None
+                matrix = cells(rates, queues, hosts, faults, modes, qdiscs)
+                for rate, queue, host, fault, mode, qdisc in matrix:
+                    if shaped != (rate, queue, host, qdisc):
+                        fab.set_rate(rate, queue, host, qdisc)
+                        shaped = (rate, queue, host, qdisc)
                     rows = []
                     for _ in range(args.rounds):
                         nic = fab.ifname(FAULT_NIC)
@@ -520,7 +538,7 @@ def main() -> int:
                         if args.tcpstat:
                             print(f"    round: {tcp_line(r)}", flush=True)
                     s = summarize(rows)
-                    line = row(rate, queue, fault, mode, s, host)
+                    line = row(rate, queue, fault, mode, s, host, qdisc)
                     print(line, flush=True)
                     lines.append(line)
                     results.append(
@@ -528,6 +546,7 @@ def main() -> int:
                             "rate_mbit": rate,
                             "queue_ms": queue,
                             "host_queue_ms": host,
+                            "host_qdisc": qdisc,
                             "fault": fault,
                             "agent": mode,
                             "summary": s,

@@ -13,7 +13,9 @@ address leaves through that NIC even towards another rail. ``arp_ignore=1``/``ar
 make each address answer ARP on its own NIC only. An optional ``tbf`` qdisc on both veth ends
 gives every NIC a real bandwidth ceiling in both directions; the node-side one is the host's own
 NIC queue (its depth can differ from the switch side's, and :meth:`Fabric.host_queues` reports
-what waits in it and what it dropped).
+what waits in it and what it dropped). That queue is one FIFO (``host_qdisc="fifo"``) or a queue
+per flow under the same ceiling (``"flows"``: htb buckets chosen by u32 from the source port
+under the tbf, standing in for a real host's fq_codel on kernels without per-flow qdiscs).
 
 Faults (all reversible with :meth:`Fabric.heal`):
 
@@ -186,6 +188,42 @@ def tbf_sides(
     return tbf_params(rate_mbit, host_queue_ms or queue_ms), tbf_params(rate_mbit, queue_ms)
 
 
+HOST_QDISCS = ("fifo", "flows")
+FLOW_QUEUES = 64  # the per-flow host queue's buckets
+_ETH_P_IP = 0x0800
+_TC_H_ROOT = 0xFFFFFFFF
+
+
+def flow_queue_plan(
+    rate_mbit: int, queue_ms: int, queues: int = FLOW_QUEUES
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int, list[str]]:
+    """The per-flow host queue of a NIC (``host_qdisc="flows"``), a stand-in for the per-flow
+    queueing of a real host's NIC (Linux's default fq_codel) on a kernel with no per-flow qdisc
+    but htb and u32. The NIC's tbf stays the root and sets the rate exactly as with ``fifo``
+    (an htb shaping on its own overshoots the switch side's tbf now and then, which drops); its
+    queue is an htb with ``queues`` buckets, each with its own FIFO of ``queue_ms`` at the full
+    rate in MTU-sized packets. A bucket that sends less than 1/``queues`` of the rate is served
+    before those that send more (htb serves a class within its rate before classes that
+    borrow), as fq_codel serves a new or sparse flow first; the busy ones share the rest round
+    robin. The htb itself never limits (its ceiling is far above the rate). A TCP/UDP packet
+    goes to the bucket of bits 1-6 of its source port (ephemeral ports of connect() are mostly
+    even: bit 0 says little).
+
+    Returns (the root tbf, the htb parent class, a bucket class, FIFO limit in packets, u32 keys
+    per bucket)."""
+    tbf = tbf_params(rate_mbit, queue_ms)  # validates
+    if not 1 <= queues <= 64:
+        raise FabricError(f"queues={queues}: want 1..64")
+    fast = f"{min(4 * rate_mbit, 30000)}mbit"  # htb's rates are 32-bit bytes/s
+    parent = {"rate": fast, "ceil": fast}
+    bucket = {"rate": f"{max(8, rate_mbit * 1000 // queues)}kbit", "ceil": fast}
+    bucket["quantum"] = 64 * 1024
+    limit = max(64, rate_mbit * 125 * queue_ms // 1500)  # packets the full rate sends in queue_ms
+    # u32 reads the 32-bit word at offset 20 of the IPv4 header (no options): sport << 16 | dport
+    keys = [f"0x{(k << 17):08x}/0x{((queues - 1) << 17):08x}+20" for k in range(queues)]
+    return tbf, parent, bucket, limit, keys
+
+
 def node_sysctls(ifnames: Sequence[str]) -> list[tuple[str, str]]:
     """Sysctls (path under /proc/sys, value) of a node: ARP per NIC, no rp_filter, no IPv6."""
     out: list[tuple[str, str]] = []
@@ -227,6 +265,11 @@ def unique_prefix(base: str = "rh") -> str:
 
 
 @functools.cache
+def _check_host_qdisc(kind: str) -> None:
+    if kind not in HOST_QDISCS:
+        raise FabricError(f"host_qdisc={kind!r}: want one of {', '.join(HOST_QDISCS)}")
+
+
 def _get_libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -488,12 +531,15 @@ class Fabric:
         state_dir: Path = STATE_DIR,
         queue_ms: int = QUEUE_MS,
         host_queue_ms: int | None = None,
+        host_qdisc: str = "fifo",
     ) -> None:
         self.plan = plan_fabric(nodes, nics, prefix)
         tbf_sides(rate_mbit, queue_ms, host_queue_ms)  # validate early
+        _check_host_qdisc(host_qdisc)
         self.rate_mbit = rate_mbit
         self.queue_ms = queue_ms
         self.host_queue_ms = host_queue_ms
+        self.host_qdisc = host_qdisc
         self.mtu = mtu
         self._state_dir = state_dir
         self._ns: dict[str, Any] = {}  # netns name -> pyroute2 NetNS
@@ -659,7 +705,7 @@ class Fabric:
                 pidx = sp.link_lookup(ifname=np_.peer)[0]
                 sp.link("set", index=pidx, master=br, state="up")
                 if host is not None and spine is not None:
-                    nl.tc("add", "tbf", index=idx, handle="1:", **host)
+                    self._add_host_queue(nl, idx)
                     sp.tc("add", "tbf", index=pidx, handle="1:", **spine)
         sp.link("set", index=br, state="up")
         self._wait(
@@ -668,11 +714,40 @@ class Fabric:
             "NICs to come up",
         )
 
+    def _add_host_queue(self, nl: Any, idx: int) -> None:
+        """The node-side queue of the NIC at ``idx`` for the current rate, depth and kind: one
+        tbf FIFO (``fifo``), or per-flow buckets under an htb (``flows``, see
+        :func:`flow_queue_plan`)."""
+        assert self.rate_mbit is not None
+        depth = self.host_queue_ms or self.queue_ms
+        if self.host_qdisc == "fifo":
+            nl.tc("add", "tbf", index=idx, handle="1:", **tbf_params(self.rate_mbit, depth))
+            return
+        tbf, parent, cls, limit, keys = flow_queue_plan(self.rate_mbit, depth)
+        nl.tc("add", "tbf", index=idx, handle="1:", **tbf)
+        nl.tc("add", "htb", index=idx, handle=0x20000, parent=0x10001, default=0x10)
+        nl.tc("add-class", "htb", index=idx, handle=0x20001, parent=0x20000, **parent)
+        for k, key in enumerate(keys):
+            bucket = 0x20000 | (0x10 + k)
+            nl.tc("add-class", "htb", index=idx, handle=bucket, parent=0x20001, **cls)
+            nl.tc("add", "pfifo", index=idx, handle=(0x10 + k) << 16, parent=bucket, limit=limit)
+            nl.tc(
+                "add-filter",
+                "u32",
+                index=idx,
+                parent=0x20000,
+                prio=10,
+                protocol=_ETH_P_IP,
+                target=bucket,
+                keys=[key],
+            )
+
     def set_rate(
         self,
         rate_mbit: int | None,
         queue_ms: int = QUEUE_MS,
         host_queue_ms: int | None = None,
+        host_qdisc: str | None = None,
     ) -> None:
         """Change every NIC's ceiling (both veth ends) in place: ``None`` removes it.
 
@@ -681,24 +756,35 @@ class Fabric:
         wait (default: the same). A host queue shallower than what its TCP sockets may hand it
         (TCP small queues allow each about two packets of up to 64 KiB) drops the sender's
         own packets, which a real host, whose NIC pushes back into a deep qdisc, rarely does.
+        ``host_qdisc`` (default: unchanged) is ``fifo`` (one tbf) or ``flows`` (a queue per
+        flow, as a real host's fq_codel gives: :func:`flow_queue_plan`).
         """
         host, spine = tbf_sides(rate_mbit, queue_ms, host_queue_ms)
+        kind = self.host_qdisc if host_qdisc is None else host_qdisc
+        _check_host_qdisc(kind)
         p = self.plan
         with self._nl_lock:
             sp = self._nl(p.spine_ns)
+            shaped = self.rate_mbit is not None
+            self.rate_mbit, self.queue_ms, self.host_queue_ms = rate_mbit, queue_ms, host_queue_ms
+            self.host_qdisc = kind
             for n, i in self._all_nics():
                 np_ = p.nic(n, i)
                 nl = self._nl(p.node_ns[n])
                 for ns, ifname, params in ((nl, np_.ifname, host), (sp, np_.peer, spine)):
                     idx = ns.link_lookup(ifname=ifname)[0]
-                    if self.rate_mbit is not None:
+                    if shaped:
                         ns.tc("del", index=idx, handle="1:", root=True)
-                    if params is not None:
+                    if params is None:
+                        continue
+                    if ns is nl:
+                        self._add_host_queue(nl, idx)
+                    else:
                         ns.tc("add", "tbf", index=idx, handle="1:", **params)
-        self.rate_mbit, self.queue_ms, self.host_queue_ms = rate_mbit, queue_ms, host_queue_ms
 
     def host_queues(self, node: int) -> list[HostQueue]:
-        """The state of each of ``node``'s NIC queues (its ``tbf``; zeros without a ceiling):
+        """The state of each of ``node``'s NIC queues (its root ``tbf``, whose counts cover the
+        per-flow buckets under it; zeros without a ceiling):
         what waits in it now and what it dropped so far, the sender's packets that never left
         the host."""
         if not 0 <= node < self.nodes:
@@ -707,7 +793,7 @@ class Fabric:
             nl = self._nl(self.plan.node_ns[node])
             got: dict[int, HostQueue] = {}
             for q in nl.get_qdiscs():
-                if q.get_attr("TCA_KIND") != "tbf":
+                if q.get_attr("TCA_KIND") != "tbf" or q["parent"] != _TC_H_ROOT:
                     continue
                 st = q.get_attr("TCA_STATS") or {}
                 got[q["index"]] = HostQueue(int(st.get("backlog", 0)), int(st.get("drop", 0)))

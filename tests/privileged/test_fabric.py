@@ -200,6 +200,83 @@ def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
         fab.host_queues(5)
 
 
+def _flood(fab: Fabric, nic: int, port: int, stop: threading.Event) -> None:
+    """1400-byte datagrams from node 0's ``port`` to node 1 on one NIC until ``stop``: faster
+    than 100 Mbit/s, so the NIC's queue for this flow stays full."""
+    s = fab.socket(0, type=socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20)
+        s.bind((fab.address(0, nic), port))
+        payload = b"\x5a" * 1400
+        while not stop.is_set():
+            s.sendto(payload, (fab.address(1, nic), 9))
+    finally:
+        s.close()
+
+
+def _connect_and_echo_ms(fab: Fabric, nic: int, port: int) -> float:
+    """ms for a new TCP connection from node 0's ``port`` on ``nic`` to connect and get one byte
+    echoed (its SYN and its data wait in node 0's NIC queue)."""
+    srv = fab.socket(1)
+    cli = fab.socket(0)
+
+    def echo() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(conn.recv(1))
+
+    try:
+        srv.bind((fab.address(1, nic), 0))
+        srv.listen(1)
+        srv.settimeout(5)
+        th = threading.Thread(target=echo, daemon=True)
+        th.start()
+        cli.bind((fab.address(0, nic), port))
+        cli.settimeout(5)
+        t0 = time.monotonic()
+        cli.connect(srv.getsockname())
+        cli.sendall(b"a")
+        assert cli.recv(1) == b"a"
+        ms = (time.monotonic() - t0) * 1e3
+        th.join(5)
+        return ms
+    finally:
+        cli.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "flows"])
+def test_a_new_flow_behind_a_full_host_queue(fab: Fabric, kind: str) -> None:
+    """One queue per NIC (``fifo``): a new connection waits behind what another flow filled it
+    with, twice (SYN, then data) ~100 ms. A queue per flow (``flows``, as a real host's
+    fq_codel): it does not wait; and the NIC's ceiling still holds for all flows together."""
+    stop = threading.Event()
+    th = threading.Thread(target=_flood, args=(fab, 2, 40000, stop), daemon=True)
+    try:
+        fab.set_rate(100, queue_ms=2, host_queue_ms=100, host_qdisc=kind)
+        assert fab.host_qdisc == kind
+        th.start()
+        # the flood's own queue holds ~100 ms at 100 Mbit/s (1.25 MB) once full
+        wait_until(lambda: fab.host_queues(0)[2].backlog > 900_000, 5.0, "the queue to fill")
+        ms = [_connect_and_echo_ms(fab, 2, 40002 + 2 * i) for i in range(3)]
+        if kind == "fifo":
+            assert min(ms) > 150, ms
+        else:
+            assert max(ms) < 50, ms
+        stop.set()
+        th.join(5)
+        rate = _stream_rate(fab, (0, 2), (1, 2), seconds=1.0)
+        assert 0.80 * 100e6 / 8 <= rate <= 1.06 * 100e6 / 8, f"{rate * 8 / 1e6:.1f} Mbit/s"
+    finally:
+        stop.set()
+        if th.is_alive():
+            th.join(5)
+        fab.set_rate(100, host_qdisc="fifo")
+    assert fab.host_qdisc == "fifo"
+    with pytest.raises(FabricError):
+        fab.set_rate(100, host_qdisc="fq")
+
+
 def test_carrier_down_local(fab: Fabric) -> None:
     fab.carrier_down(0, 1, end="local")
     st = fab.link_state(0, 1)

@@ -48,10 +48,16 @@ def test_matrix_order_and_unlimited_runs_once(rb: ModuleType) -> None:
     got = list(rb.cells([1000, None], [5, 50], [None, 100], ["none", "carrier"], ["agent"]))
     # shaped NICs: every queue x host queue x fault; unlimited: no queue, so once per fault
     assert len(got) == 2 * 2 * 2 + 2
-    assert got[0] == (1000, 5, None, "none", "agent")
-    assert got[1] == (1000, 5, None, "carrier", "agent")
-    assert got[2] == (1000, 5, 100, "none", "agent")
-    assert got[-2:] == [(None, 5, None, "none", "agent"), (None, 5, None, "carrier", "agent")]
+    assert got[0] == (1000, 5, None, "none", "agent", "fifo")
+    assert got[1] == (1000, 5, None, "carrier", "agent", "fifo")
+    assert got[2] == (1000, 5, 100, "none", "agent", "fifo")
+    assert got[-2:] == [
+        (None, 5, None, "none", "agent", "fifo"),
+        (None, 5, None, "carrier", "agent", "fifo"),
+    ]
+    # the host qdisc: side by side for each host queue; unlimited NICs have no queue to share
+    got = list(rb.cells([1000, None], [5], [100], ["carrier"], ["agent"], ["fifo", "flows"]))
+    assert [(c[0], c[5]) for c in got] == [(1000, "fifo"), (1000, "flows"), (None, "fifo")]
 
 
 def test_marks_of_a_moved_connection(rb: ModuleType) -> None:
@@ -81,6 +87,8 @@ def test_a_round_without_a_fault_has_no_marks_and_no_missing_note(rb: ModuleType
     assert "5ms/h100" in line and "none" in line and "2/2" in line
     assert "missing" not in line  # a control round has no marks to miss
     assert "missing in some rounds: detect" in rb.row(1000, 5, "carrier", "agent", s)
+    assert "5ms/h100+fl" in rb.row(1000, 5, "none", "agent", s, 100, "flows")
+    assert "+fl" not in rb.row(None, 5, "none", "agent", s, None, "flows")
 
 
 def test_standing_host_queue_in_ms(rb: ModuleType) -> None:

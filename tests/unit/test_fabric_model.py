@@ -10,6 +10,7 @@ import pytest
 from railhop_lab.fabric import (
     FabricError,
     brport_state_request,
+    flow_queue_plan,
     nic_address,
     node_sysctls,
     owns_netns,
@@ -65,6 +66,40 @@ def test_tbf_params() -> None:
     for bad in (0, 1001):
         with pytest.raises(FabricError):
             tbf_params(200, bad)
+
+
+def _bucket_of(keys: list[str], sport: int, dport: int) -> list[int]:
+    """The buckets whose u32 key matches a packet's port word (offset 20: sport << 16 | dport)."""
+    word = sport << 16 | dport
+    got = []
+    for k, key in enumerate(keys):
+        vm, off = key.split("+")
+        value, mask = (int(x, 16) for x in vm.split("/"))
+        assert off == "20"
+        if word & mask == value:
+            got.append(k)
+    return got
+
+
+def test_flow_queue_plan() -> None:
+    tbf, parent, bucket, limit, keys = flow_queue_plan(1000, 100)
+    assert tbf == tbf_params(1000, 100)  # the rate is the tbf's, as with one FIFO
+    # the htb never limits: its rates are far above the NIC's; a bucket is guaranteed 1/64
+    assert parent == {"rate": "4000mbit", "ceil": "4000mbit"}
+    assert bucket["rate"] == f"{1000 * 1000 // 64}kbit" and bucket["ceil"] == "4000mbit"
+    assert limit == 1000 * 125 * 100 // 1500  # 100 ms at 1 Gbit/s in 1500-byte packets
+    # every port word lands in exactly one bucket, chosen by bits 1-6 of the source port
+    assert len(keys) == 64
+    for sport in (0, 1, 2, 40000, 40001, 40002, 40126, 40128, 65535):
+        assert _bucket_of(keys, sport, 5555) == [(sport >> 1) & 63], sport
+    # consecutive even ephemeral ports spread over consecutive buckets
+    assert {_bucket_of(keys, 40000 + 2 * i, 80)[0] for i in range(64)} == set(range(64))
+    assert flow_queue_plan(8000, 5)[1]["rate"] == "30000mbit"  # htb's 32-bit bytes/s
+    assert flow_queue_plan(1, 5)[3] == 64  # never shallower than 64 packets
+    with pytest.raises(FabricError):
+        flow_queue_plan(1000, 100, queues=65)
+    with pytest.raises(FabricError):
+        flow_queue_plan(0, 100)
 
 
 def test_node_sysctls() -> None:
