@@ -215,9 +215,9 @@ def flow_queue_plan(
     if not 1 <= queues <= 64:
         raise FabricError(f"queues={queues}: want 1..64")
     fast = f"{min(4 * rate_mbit, 30000)}mbit"  # htb's rates are 32-bit bytes/s
-    parent = {"rate": fast, "ceil": fast}
-    bucket = {"rate": f"{max(8, rate_mbit * 1000 // queues)}kbit", "ceil": fast}
-    bucket["quantum"] = 64 * 1024
+    parent: dict[str, Any] = {"rate": fast, "ceil": fast}
+    share = f"{max(8, rate_mbit * 1000 // queues)}kbit"
+    bucket: dict[str, Any] = {"rate": share, "ceil": fast, "quantum": 64 * 1024}
     limit = max(64, rate_mbit * 125 * queue_ms // 1500)  # packets the full rate sends in queue_ms
     # u32 reads the 32-bit word at offset 20 of the IPv4 header (no options): sport << 16 | dport
     keys = [f"0x{(k << 17):08x}/0x{((queues - 1) << 17):08x}+20" for k in range(queues)]
