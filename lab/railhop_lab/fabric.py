@@ -264,12 +264,12 @@ def unique_prefix(base: str = "rh") -> str:
 # Namespace plumbing (setns through libc; no `ip` binary).
 
 
-@functools.cache
 def _check_host_qdisc(kind: str) -> None:
     if kind not in HOST_QDISCS:
         raise FabricError(f"host_qdisc={kind!r}: want one of {', '.join(HOST_QDISCS)}")
 
 
+@functools.cache
 def _get_libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
