@@ -152,19 +152,29 @@ def _tbf_limits(fab: Fabric, node: int, nic: int) -> tuple[int, int]:
 SO_SNDBUFFORCE = 32  # <asm-generic/socket.h>; Python's socket module does not name it
 
 
-def _udp_burst(fab: Fabric, nic: int, count: int) -> None:
-    """``count`` 1400-byte datagrams from node 0 to node 1 on one NIC, as fast as the socket
-    takes them (1 MiB of send buffer: more than a shallow queue holds, less than a deep one)."""
+def _udp_send(
+    fab: Fabric, nic: int, more: Callable[[int], bool], port: int = 0, sndbuf: int = 1 << 20
+) -> None:
+    """1400-byte datagrams from node 0's ``port`` to node 1 on one NIC, as fast as the socket
+    takes them, while ``more(sent so far)``."""
     s = fab.socket(0, type=socket.SOCK_DGRAM)
     try:
-        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 1 << 20)
+        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sndbuf)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, fab.ifname(nic).encode())
-        s.bind((fab.address(0, nic), 0))
+        s.bind((fab.address(0, nic), port))
         payload = b"\x5a" * 1400
-        for _ in range(count):
+        sent = 0
+        while more(sent):
             s.sendto(payload, (fab.address(1, nic), 9))  # discard port: nobody listens
+            sent += 1
     finally:
         s.close()
+
+
+def _udp_burst(fab: Fabric, nic: int, count: int) -> None:
+    """``count`` datagrams (1 MiB of send buffer: more than a shallow queue holds, less than a
+    deep one)."""
+    _udp_send(fab, nic, lambda sent: sent < count)
 
 
 def _drops(fab: Fabric) -> list[int]:
@@ -201,17 +211,9 @@ def test_host_queue_depth_and_its_drops(fab: Fabric) -> None:
 
 
 def _flood(fab: Fabric, nic: int, port: int, stop: threading.Event) -> None:
-    """1400-byte datagrams from node 0's ``port`` to node 1 on one NIC until ``stop``: faster
-    than 100 Mbit/s, so the NIC's queue for this flow stays full."""
-    s = fab.socket(0, type=socket.SOCK_DGRAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20)
-        s.bind((fab.address(0, nic), port))
-        payload = b"\x5a" * 1400
-        while not stop.is_set():
-            s.sendto(payload, (fab.address(1, nic), 9))
-    finally:
-        s.close()
+    """Datagrams from node 0's ``port`` until ``stop``: faster than 100 Mbit/s, so the NIC's
+    queue for this flow stays full."""
+    _udp_send(fab, nic, lambda _: not stop.is_set(), port, 4 << 20)
 
 
 def _connect_and_echo_ms(fab: Fabric, nic: int, port: int) -> float:
