@@ -6,14 +6,18 @@ does (next to the including file, then plugin/src, then plugin/include). Each fi
 one layer; the layers and the edges allowed between them are the architecture of
 docs/architecture.md:
 
-    api_nccl.c -> agent glue -> core API;  core -> lane contract -> core API;  lanes -> lane
-    contract and core API;  everything may use base (log, param, nic, probes) and the ABI
-    headers.
+    api_nccl.c -> agent glue, lanes (the transport choice) and core API;  core -> core API;
+    lanes -> core API (the lane contract, core/lane_ops.h, is part of it);  everything may use
+    base (log, param, nic, probes) and the ABI headers.
 
 ``check()`` reports: a cycle between files, a cycle between layers, an edge between layers
 that the rules do not allow, a lane that includes a core header private to core/, and an
-include that resolves to nothing. ``render()`` draws the layer graph (with the headers that
-carry each edge) for docs/architecture.md, between the markers below.
+include that resolves to nothing. ``transport_names()`` reports each place where the core (its
+code, comments and strings left out) names a transport: a lane's symbol (``tcp_``, ``ofi_``,
+``verbs_``, ``rh_lanes_``), the libfabric or verbs API, or a transport's build switch. The
+assembly point registers the transport; the core only sees ``struct lane_ops``. ``render()``
+draws the layer graph (with the headers that carry each edge) for docs/architecture.md,
+between the markers below.
 
 Usage: include_graph.py [--root DIR] [--check] [--markdown] [--doc FILE [--write]]
 """
@@ -37,20 +41,29 @@ CORE_API = {
     "src/core/wire.h",
     "src/core/sched.h",
     "src/core/lane_state.h",
+    "src/core/lane_ops.h",
 }
 
-LAYERS = ["api", "agent glue", "core", "core API", "lane contract", "lanes", "base", "ABI"]
+LAYERS = ["api", "agent glue", "core", "core API", "lanes", "base", "ABI"]
 
 ALLOWED = {
-    "api": {"agent glue", "core API", "base", "ABI"},
+    "api": {"agent glue", "lanes", "core API", "base", "ABI"},
     "agent glue": {"core API", "base", "ABI"},
-    "core": {"core API", "lane contract", "base", "ABI"},
+    "core": {"core API", "base", "ABI"},
     "core API": {"base", "ABI"},
-    "lane contract": {"core API", "base"},
-    "lanes": {"lane contract", "core API", "base", "ABI"},
+    "lanes": {"core API", "base", "ABI"},
     "base": {"ABI"},
     "ABI": set(),
 }
+
+# What naming a transport looks like in C: a lane module's symbol, the libfabric or verbs API,
+# a transport's build switch.
+TRANSPORT_RE = re.compile(
+    r"\b(?:rh_)?(?:tcp|ofi|verbs|lanes)_\w+|\b(?:TCP|OFI|VERBS)_\w+|\bRH_HAVE_(?:OFI|VERBS)\b"
+    r"|\b(?:fi|fid|ibv|lf)_\w+"
+)
+# Comments, string and character literals (removed before looking for names).
+CODE_NOISE_RE = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 
 
 def layer(rel: str) -> str:
@@ -61,8 +74,6 @@ def layer(rel: str) -> str:
         return "core API"
     if rel.startswith("src/core/"):
         return "core"
-    if rel == "src/lanes/lane_ops.h":
-        return "lane contract"
     if rel.startswith("src/lanes/"):
         return "lanes"
     if rel == "src/api_nccl.c":
@@ -91,6 +102,22 @@ def scan(root: Path) -> dict[str, list[str]]:
             else:
                 graph[rel].append("?" + name)
     return graph
+
+
+def transport_names(root: Path) -> list[str]:
+    """Each place where a core file (layers core and core API) names a transport in code."""
+    problems = []
+    for f in sorted((root / "src").rglob("*")):
+        rel = f.relative_to(root).as_posix()
+        if f.suffix not in (".c", ".h") or layer(rel) not in ("core", "core API"):
+            continue
+        text = f.read_text(errors="replace")
+        # blank out the noise but keep the line breaks, so line numbers stay true
+        code = CODE_NOISE_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+        for m in TRANSPORT_RE.finditer(code):
+            line = code.count("\n", 0, m.start()) + 1
+            problems.append(f"{rel}:{line}: the core names a transport ({m.group()})")
+    return problems
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -199,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     graph = scan(args.root)
     rc = 0
     if args.check:
-        for p in check(graph):
+        for p in check(graph) + transport_names(args.root):
             print(p, file=sys.stderr)
             rc = 1
     if args.markdown:

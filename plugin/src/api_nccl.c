@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "agent.h"
+#include "lanes/lanes.h"
 #include "log.h"
 #include "nccl/net.h"
 #include "rh.h"
@@ -45,10 +46,13 @@ static ncclResult_t rh_result(int rc)
 	}
 }
 
-/* The one place that assembles the plugin: the agent glue plugs into the core, then init (of
- * a context, v11+, or of a table without finalize). */
+/* The one place that assembles the plugin: the transport choice (lanes/lanes.h) and the agent
+ * glue plug into the core, then init (of a context, v11+, or of a table without finalize). The
+ * core runs the choice at each start, once the parameters are loaded, and checks the table it
+ * returns. */
 static int plugin_init(ncclDebugLogger_t logger, bool ctx)
 {
+	rh_core_set_transport(rh_lanes_choose);
 	rh_agent_register();
 	return ctx ? rh_init_ctx(logger) : rh_init(logger);
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Minimal test helpers: CHECK_TRUE / CHECK_EQ count failures; main returns the count. */
+/* Minimal test helpers: EXPECT / EXPECT_EQ count failures; TEST_DONE returns 1 if any failed. */
 #ifndef RH_TEST_CHECK_H
 #define RH_TEST_CHECK_H
 

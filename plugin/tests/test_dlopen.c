@@ -156,7 +156,7 @@ int main(int argc, char **argv)
 	}
 	/* Internal symbols are hidden. */
 	EXPECT(dlsym(lib, "rh_init") == NULL);
-	EXPECT(dlsym(lib, "rh_tcp_ops") == NULL);
+	EXPECT(dlsym(lib, "tcp_lane_ops") == NULL);
 	{
 		const ncclNet_v8_t *t = dlsym(lib, "ncclNetPlugin_v8");
 		ncclNetProperties_v8_t p;

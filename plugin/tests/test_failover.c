@@ -179,7 +179,7 @@ static const struct rh_ctl_hooks hooks = {
 static void setup_nics(void)
 {
 	rh_g.nnics = NNICS;
-	rh_g.ops = &fake_ops;
+	EXPECT_EQ(rh_core_register_ops(&fake_ops), 0);
 	for (int i = 0; i < NNICS; i++) {
 		struct rh_nic *n = &rh_g.nics[i];
 
@@ -448,7 +448,7 @@ static void test_move_timing_marks(void)
 	EXPECT(!c->fo.active); /* RESUME record sent: moved */
 	EXPECT(c->fo.await_first);
 	EXPECT_EQ(find_event(0, RH_EVT_FAILOVER_END), -1); /* nothing completed yet */
-	rh_fo_completed(c, 1u << 19);
+	rh_marks_completed(c, 1u << 19);
 	e_end = find_event(0, RH_EVT_FAILOVER_END);
 	EXPECT(e_end >= 0 && ctl.dur[e_end] > 0 && ctl.lnic[e_end] == 0);
 	EXPECT(!c->fo.await_first && c->fo.await_fair);
@@ -463,7 +463,7 @@ static void test_move_timing_marks(void)
 	}
 	deadline = rh_now_ms() + 2000;
 	while (e_fair < 0 && rh_now_ms() < deadline) {
-		rh_fo_completed(c, 1u << 19);
+		rh_marks_completed(c, 1u << 19);
 		e_fair = find_event(0, RH_EVT_FAIR_SHARE);
 		pthread_mutex_unlock(&c->mu);
 		nanosleep(&pause, NULL);

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "lanes/lane_ops.h"
+#include "lanes/lanes.h"
 #include "log.h"
 #include "nic.h"
 #include "param.h"

@@ -30,10 +30,41 @@ static void stub_lane(struct rh_lane *l)
 	(void)l;
 }
 
-static const struct lane_ops stub_ops = { .name = "stub",
-					  .open = stub_open,
-					  .kick = stub_lane,
-					  .fence = stub_lane };
+static int stub_start(int nthreads)
+{
+	(void)nthreads;
+	return 0;
+}
+
+static int stub_listen(int nic)
+{
+	(void)nic;
+	return 0;
+}
+
+static bool stub_stalled(struct rh_lane *l, uint64_t now_ms, int timeout_ms)
+{
+	(void)l, (void)now_ms, (void)timeout_ms;
+	return false;
+}
+
+static int stub_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
+		      int timeout_ms)
+{
+	(void)conn, (void)lnic, (void)ip, (void)port, (void)cookie, (void)timeout_ms;
+	return -ENODEV;
+}
+
+static const struct lane_ops stub_ops = {
+	.name = "stub",
+	.start = stub_start,
+	.listen = stub_listen,
+	.open = stub_open,
+	.kick = stub_lane,
+	.fence = stub_lane,
+	.stalled = stub_stalled,
+	.probe = stub_probe,
+};
 
 #define CHUNK 524288 /* set on both connections below (not the default) */
 #define SIZE (3 * CHUNK + 100) /* 4 chunks, the last one short */
@@ -100,7 +131,7 @@ int main(void)
 	bool placed;
 	struct rh_hdr h;
 
-	rh_g.ops = &stub_ops;
+	EXPECT_EQ(rh_core_register_ops(&stub_ops), 0);
 	rh_g.nnics = 2;
 	for (int i = 0; i < 2; i++) {
 		rh_g.nics[i].up = true;

@@ -20,16 +20,16 @@ static void test_verdict(void)
 	ti.tcpi_ca_state = TCP_CA_Loss;
 	ti.tcpi_unacked = 3;
 	ti.tcpi_rtt = 5000; /* 5 ms: the 20 ms floor applies */
-	EXPECT(!rh_tcp_info_lost(&ti, 19));
-	EXPECT(rh_tcp_info_lost(&ti, 20));
+	EXPECT(!tcp_info_lost(&ti, 19));
+	EXPECT(tcp_info_lost(&ti, 20));
 	ti.tcpi_rtt = 40000; /* 40 ms: two RTTs */
-	EXPECT(!rh_tcp_info_lost(&ti, 79));
-	EXPECT(rh_tcp_info_lost(&ti, 80));
+	EXPECT(!tcp_info_lost(&ti, 79));
+	EXPECT(tcp_info_lost(&ti, 80));
 	ti.tcpi_unacked = 0; /* nothing outstanding: not lost */
-	EXPECT(!rh_tcp_info_lost(&ti, 1000));
+	EXPECT(!tcp_info_lost(&ti, 1000));
 	ti.tcpi_unacked = 3;
 	ti.tcpi_ca_state = TCP_CA_Recovery; /* fast recovery: the path answers */
-	EXPECT(!rh_tcp_info_lost(&ti, 1000));
+	EXPECT(!tcp_info_lost(&ti, 1000));
 }
 
 static void test_lookup(void)
@@ -55,15 +55,15 @@ static void test_lookup(void)
 	EXPECT_EQ(getpeername(c, (struct sockaddr *)&ra, &len), 0);
 	len = sizeof(own);
 	EXPECT_EQ(getsockopt(c, IPPROTO_TCP, TCP_INFO, &own, &len), 0);
-	EXPECT_EQ(rh_tcp_info_by_addr(la.sin_addr.s_addr, ntohs(la.sin_port), ra.sin_addr.s_addr,
-				      ntohs(ra.sin_port), &found),
+	EXPECT_EQ(tcp_info_by_addr(la.sin_addr.s_addr, ntohs(la.sin_port), ra.sin_addr.s_addr,
+				   ntohs(ra.sin_port), &found),
 		  0);
 	EXPECT_EQ(found.tcpi_state, own.tcpi_state);
 	EXPECT_EQ(found.tcpi_snd_mss, own.tcpi_snd_mss);
 	EXPECT_EQ(found.tcpi_ca_state, TCP_CA_Open);
 	/* no socket with that 4-tuple (the peer port of another connection) */
-	EXPECT_EQ(rh_tcp_info_by_addr(la.sin_addr.s_addr, ntohs(la.sin_port), ra.sin_addr.s_addr,
-				      (uint16_t)(ntohs(ra.sin_port) + 1), &found),
+	EXPECT_EQ(tcp_info_by_addr(la.sin_addr.s_addr, ntohs(la.sin_port), ra.sin_addr.s_addr,
+				   (uint16_t)(ntohs(ra.sin_port) + 1), &found),
 		  -ENOENT);
 	close(s);
 	close(c);

@@ -36,28 +36,61 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-# A small plugin that keeps every rule: api -> agent glue -> core API; core -> lane contract;
-# lanes -> lane contract + core API.
+# A small plugin that keeps every rule: api -> agent glue, lanes (the choice) and core API;
+# core -> core API (the lane contract among it); lanes -> core API.
 GOOD = {
     "include/nccl/net.h": "",
     "src/log.h": '#include "nccl/net.h"\n',
     "src/rh.h": "",
     "src/core/health.h": "",
     "src/core/wire.h": '#include "../log.h"\n',
-    "src/core/conn.h": '#include "../lanes/lane_ops.h"\n#include "wire.h"\n',
-    "src/core/conn.c": '#include "conn.h"\n#include "health.h"\n#include "../rh.h"\n',
-    "src/lanes/lane_ops.h": '#include "../core/wire.h"\n',
-    "src/lanes/tcp.c": '#include "lane_ops.h"\n#include "../log.h"\n',
+    "src/core/lane_ops.h": '#include "wire.h"\n',
+    "src/core/conn.h": '#include "lane_ops.h"\n#include "wire.h"\n',
+    "src/core/conn.c": '#include "conn.h"\n#include "health.h"\n#include "../rh.h"\n'
+    "/* registered by the assembly point: tcp_lane_ops, lanes_choose() */\n"
+    'static const char *s = "ofi_lane_ops";\nint rh_conn_x(void) { return 0; }\n',
+    "src/lanes/lanes.h": '#include "../core/lane_ops.h"\n',
+    "src/lanes/tcp.c": '#include "lanes.h"\n#include "../log.h"\n',
     "src/agent.h": "",
     "src/agent.c": '#include "agent.h"\n#include "core/health.h"\n',
-    "src/api_nccl.c": '#include "agent.h"\n#include "rh.h"\n#include "nccl/net.h"\n',
+    "src/api_nccl.c": '#include "agent.h"\n#include "lanes/lanes.h"\n#include "rh.h"\n'
+    '#include "nccl/net.h"\n',
 }
 
 
 def test_plugin_keeps_its_layering() -> None:
     graph = ig.scan(REPO / "plugin")
-    assert "src/core/conn.h" in graph and "src/lanes/lane_ops.h" in graph
+    assert "src/core/conn.h" in graph and "src/core/lane_ops.h" in graph
+    assert ig.layer("src/core/lane_ops.h") == "core API"
     assert ig.check(graph) == []
+
+
+def test_the_core_names_no_transport() -> None:
+    assert ig.transport_names(REPO / "plugin") == []
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [
+        ("rh_g.ops = rh_lanes_choose();", "rh_lanes_choose"),  # the core choosing
+        ("extern const struct lane_ops tcp_lane_ops;", "tcp_lane_ops"),
+        ("#ifdef RH_HAVE_OFI", "RH_HAVE_OFI"),
+        ("fi_close(&ep->fid);", "fi_close"),  # the libfabric API
+    ],
+)
+def test_a_core_file_naming_a_transport_is_reported(tmp_path: Path, code: str, name: str) -> None:
+    conn_c = GOOD["src/core/conn.c"] + code + "\n"
+    root = _tree(tmp_path, {**GOOD, "src/core/conn.c": conn_c})
+    problems = ig.transport_names(root)
+    line = conn_c.count("\n")
+    assert problems == [f"src/core/conn.c:{line}: the core names a transport ({name})"]
+    assert ig.main(["--root", str(root), "--check"]) == 1
+
+
+def test_names_in_comments_strings_and_lanes_do_not_count(tmp_path: Path) -> None:
+    # GOOD's conn.c names transports only in a comment and a string; lanes may name themselves
+    root = _tree(tmp_path, {**GOOD, "src/lanes/tcp.c": "const int tcp_lane_ops = 0;\n"})
+    assert ig.transport_names(root) == []
 
 
 def test_architecture_doc_shows_the_graph_of_the_code() -> None:
@@ -75,7 +108,8 @@ def test_good_tree_passes_and_resolves_like_the_compiler(tmp_path: Path) -> None
     assert graph["src/log.h"] == ["include/nccl/net.h"]  # via include/
     assert ig.check(graph) == []
     block = ig.render(graph)
-    assert "lanes -> lane contract  lane_ops.h" in block
+    assert "lanes -> core API       lane_ops.h" in block
+    assert "api -> lanes          lanes.h" in block
     assert "agent glue -> core API       health.h" in block
 
 
@@ -103,10 +137,15 @@ def test_good_tree_passes_and_resolves_like_the_compiler(tmp_path: Path) -> None
         # the lane contract naming a concrete lane, whose file includes the contract
         (
             {
-                "src/lanes/lane_ops.h": '#include "tcp.h"\n',
-                "src/lanes/tcp.h": '#include "lane_ops.h"\n',
+                "src/core/lane_ops.h": '#include "../lanes/tcp.h"\n',
+                "src/lanes/tcp.h": '#include "../core/lane_ops.h"\n',
             },
-            "layer lane contract -> lanes is not allowed",
+            "layer core API -> lanes is not allowed",
+        ),
+        # the core choosing its transport through the lanes' header
+        (
+            {"src/core/conn.c": '#include "conn.h"\n#include "../lanes/lanes.h"\n'},
+            "layer core -> lanes is not allowed",
         ),
         (
             {"src/lanes/tcp.c": '#include "missing.h"\n'},

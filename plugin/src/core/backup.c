@@ -41,7 +41,7 @@ static void fill_rank_nics(struct rh_conn *c, struct rh_rank_nic *loc, struct rh
 
 /* Rank candidate pairs for this connection (excluding pairs in use and, unless
  * ignore_bad, pairs that failed recently). */
-int rh_fo_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad)
+int rh_backup_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad)
 {
 	struct rh_rank_nic loc[RH_MAX_NICS], rem[RH_MAX_NICS];
 	bool excl[RH_MAX_NICS * RH_MAX_NICS] = { 0 };
@@ -76,7 +76,7 @@ int rh_fo_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad)
 	return rh_rank_pairs(&in, out, max);
 }
 
-int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
+int rh_backup_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
 {
 	struct rh_pair p[1];
 	uint64_t now = rh_now_ms();
@@ -86,7 +86,7 @@ int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
 		*rnic = c->rnic_orig;
 		return 0;
 	}
-	if (rh_fo_rank(c, p, 1, false) < 1) {
+	if (rh_backup_rank(c, p, 1, false) < 1) {
 		WARN("conn %016llx: no usable NIC pair for a new connection",
 		     (unsigned long long)c->id);
 		return rh_any_local_up() ? -EHOSTUNREACH : -ENETDOWN;
@@ -102,7 +102,7 @@ int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic)
 
 /* The agent's plan for the original local NIC, applied to this connection's peer: pairs whose
  * local NIC is up and whose pair is neither in use nor known bad. Empty without a plan. */
-int rh_fo_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
+int rh_backup_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 {
 	struct rh_plan_entry e[16];
 	uint64_t now = rh_now_ms();

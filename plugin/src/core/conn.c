@@ -2,7 +2,7 @@
 /*
  * Connections and their lanes: creation and references, the io guard, adding, opening and
  * fencing lanes, the control-frame queue, and the services the core offers the transports
- * (lanes/lane_ops.h: stream attach/detach, NIC lookup, connection queries). The data path is
+ * (core/lane_ops.h: stream attach/detach, NIC lookup, connection queries). The data path is
  * in data.c, failure handling in failover.c.
  */
 /*
@@ -210,6 +210,24 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 	return l->ops->open(l, &h, c->id, c->epoch, r->ipv4, r->port);
 }
 
+int rh_conn_start_connect(struct rh_conn *c)
+{
+	int lnic, rnic;
+	struct rh_lane *l;
+
+	CHECK(rh_backup_initial_pair(c, &lnic, &rnic));
+	l = rh_conn_add_lane(c, c->next_lane_id, lnic, rnic, (int)rh_param.STREAMS_PER_LANE, true);
+	if (!l) {
+		return -ENOMEM;
+	}
+	c->next_lane_id += 2;
+	l->primary = true;
+	c->lnic_orig = lnic;
+	c->rnic_orig = rnic;
+	c->connect_attempts++;
+	return rh_conn_open_lane(c, l, RH_HELLO_CONN, 2000 + (int)rh_param.PROBE_TIMEOUT);
+}
+
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 			uint64_t duration_ns, uint64_t bytes_replayed)
 {
@@ -344,7 +362,7 @@ void rh_conn_fail(struct rh_conn *c, int err, const char *why)
 
 /* --- sender --- */
 
-/* --- services for the transports (lanes/lane_ops.h) --- */
+/* --- services for the transports (lane_ops.h) --- */
 
 void rh_core_conn_get(struct rh_conn *c)
 {

@@ -2,7 +2,7 @@
 /*
  * Connection state shared by the core modules (plugin.c: setup; conn.c: data path;
  * failover.c: failure handling; health.c: NIC health and the ticker). Private to core/: the
- * lanes see a connection only through lanes/lane_ops.h. A connection is one NCCL send or recv
+ * lanes see a connection only through core/lane_ops.h. A connection is one NCCL send or recv
  * comm; its lanes carry
  * frames (core/wire.h); all fields below are protected by mu unless noted.
  */
@@ -10,7 +10,7 @@
 #define RH_CONN_H
 
 #ifdef RH_LANE_BUILD
-#error "core/conn.h is private to core/: a lane uses the core through lanes/lane_ops.h"
+#error "core/conn.h is private to core/: a lane uses the core through core/lane_ops.h"
 #endif
 
 #include <pthread.h>
@@ -18,8 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../lanes/lane_ops.h"
 #include "../nic.h"
+#include "lane_ops.h"
 #include "match.h"
 #include "wire.h"
 
@@ -78,7 +78,7 @@ struct rh_fo {
 	bool active; /* a move is in progress */
 	uint64_t t_detect_ms; /* first detection of the current move */
 	uint64_t t_detect_ns; /* the same, for the timing marks (probes, lane events, WARN) */
-	/* Timing of the current move past the resume (rh_fo_completed): */
+	/* Timing of the current move past the resume (rh_marks_completed): */
 	bool await_first; /* moved: FAILOVER_END at the first request completed after the move */
 	bool await_fair; /* first completion seen: FAIR_SHARE when the rate is back */
 	uint64_t t_moved_ns; /* sender: RESUME applied, receiver: RESUME record sent */
@@ -223,7 +223,7 @@ static inline bool rh_any_local_up(void)
 	return false;
 }
 
-/* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lanes/lane_ops.h) */
+/* conn.c (locked = caller holds c->mu; rh_now_ms/rh_now_ns are in lane_ops.h) */
 /* A random id, never 0 nor UINT64_MAX, never blocking (connection, listen and probe ids). */
 uint64_t rh_random_id(void);
 struct rh_conn *rh_conn_new(bool is_send);
@@ -232,6 +232,9 @@ void rh_rreq_free_bits(struct rh_rreq *q);
 struct rh_lane *rh_conn_add_lane(struct rh_conn *c, uint32_t id, int lnic, int rnic, int nstreams,
 				 bool opener); /* locked */
 int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeout_ms); /* locked */
+/* Open a new connection's primary lane on the pair rh_backup_initial_pair() picks (connect,
+ * and again after its first lane failed before the connection was ready). */
+int rh_conn_start_connect(struct rh_conn *c); /* locked */
 void rh_conn_fence_lane(struct rh_conn *c, struct rh_lane *l); /* locked */
 void rh_conn_kick_data(struct rh_conn *c); /* locked */
 void rh_conn_pick_ctrl_lane(struct rh_conn *c); /* locked */
@@ -255,7 +258,6 @@ int rh_conn_queue_bye(struct rh_conn *c); /* locked */
 bool rh_conn_rx_waiting(struct rh_conn *c); /* locked */
 
 /* plugin.c */
-int rh_conn_start_connect(struct rh_conn *c); /* locked */
 /* Fill the nonce and MAC of the hello that opens lane l. */
 int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h); /* locked */
 /* Referenced copy of the registry (at most RH_SNAPSHOT_MAX connections), for work that takes
@@ -268,39 +270,46 @@ struct rh_conn *rh_registry_find(uint64_t id, bool is_send);
 /* The ticker's pass: failure detection on every connection, closed ones dropped. */
 void rh_registry_tick(uint64_t now_ms);
 
-/* failover.c */
+/* failover.c: detection, moves, RESUME, fail-back (the rh_fo_* family lives there alone) */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
-/* A send request completed: the first one after a move logs the move's WARN line. */
-void rh_fo_first_completion(struct rh_conn *c); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */
 void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
 void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* A RESUME arrived: the sender applies it (replay), the receiver answers it. Errors (an
+ * allocation, the epoch space, a record that does not parse) fail the lane or the connection
+ * with the reason logged. */
 void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
-/* A request completed (sender: acknowledged by the receiver; receiver: every byte placed):
- * the first-completion and fair-share marks of a move and the rate they are measured by. */
-void rh_fo_completed(struct rh_conn *c, uint64_t bytes); /* locked */
-/* Sender: request s was acknowledged (acked) or its last replayed chunk handed to a lane. */
-void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked); /* locked */
+
 /* backup.c: choose the (local, remote) pair of a new connection, avoiding NICs known down;
  * rank candidate backup pairs (excluding pairs in use and, unless ignore_bad, pairs that failed
  * recently); the agent's plan applied to this connection (empty without a plan). */
 struct rh_pair;
-int rh_fo_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
-int rh_fo_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad); /* locked */
-int rh_fo_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max); /* locked */
+int rh_backup_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
+int rh_backup_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad); /* locked */
+int rh_backup_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max); /* locked */
 
-/* marks.c: the marks of a move (rh_fo_completed, rh_fo_replay_progress and
- * rh_fo_first_completion above live there too) */
+/* marks.c: the timing marks of a move */
 /* A move starts: its detection here or the peer's word; l is the lane it leaves (or NULL). */
-void rh_fo_start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
+void rh_marks_start(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 /* The move is applied (sender: RESUME taken, replay queued; receiver: RESUME record sent). */
-void rh_fo_moved(struct rh_conn *c, uint64_t bytes_replayed); /* locked */
+void rh_marks_moved(struct rh_conn *c, uint64_t bytes_replayed); /* locked */
 /* The move's one WARN line: the pair that failed, why, where the traffic went, and the time
  * from detection to what `reached` names. */
-void rh_fo_report_move(struct rh_conn *c, const char *reached); /* locked */
+void rh_marks_report_move(struct rh_conn *c, const char *reached); /* locked */
+/* A send request completed: the first one after a move logs the move's WARN line. */
+void rh_marks_first_completion(struct rh_conn *c); /* locked */
+/* A request completed (sender: acknowledged by the receiver; receiver: every byte placed):
+ * the first-completion and fair-share marks of a move and the rate they are measured by. */
+void rh_marks_completed(struct rh_conn *c, uint64_t bytes); /* locked */
+/* Sender: request s was acknowledged (acked) or its last replayed chunk handed to a lane. */
+void rh_marks_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked); /* locked */
+
+/* transport.c: run the registered picker and install the transport it returns, checked
+ * (rh_core_check_ops): 0, -EPROTONOSUPPORT (none registered, or none available), -EINVAL. */
+int rh_transport_start(void);
 
 /* health.c (core/health.h is the public half) */
 struct rh_lane_info;

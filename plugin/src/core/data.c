@@ -373,7 +373,7 @@ static void apply_bye_record(struct rh_conn *c, const struct rh_hdr *h, const ui
 			if (done || (!listed && s->seq < r->next_seq)) {
 				s->acked = true;
 				sendq_remove(c, s);
-				rh_fo_replay_progress(c, s, true);
+				rh_marks_replay_progress(c, s, true);
 			}
 		}
 	}
@@ -401,7 +401,7 @@ static void rreq_check_slot(struct rh_conn *c, struct rh_rreq *q, int s, int lan
 			RH_PROBE3(req_done, lane, q->total[k], rh_now_ns() - q->t_start_ns);
 			bytes += q->total[k];
 		}
-		rh_fo_completed(c, bytes);
+		rh_marks_completed(c, bytes);
 	}
 }
 
@@ -713,7 +713,7 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, s->next_chunk + 1);
 		if (s->next_chunk >= s->nchunks) {
 			sendq_remove(c, s);
-			rh_fo_replay_progress(c, s, false);
+			rh_marks_replay_progress(c, s, false);
 		}
 		h.conn_id = c->id;
 		h.epoch = c->epoch;
@@ -764,11 +764,11 @@ static void on_ack(struct rh_conn *c, const struct rh_hdr *h, int lane)
 	s->acked = true;
 	sendq_remove(c, s);
 	if (c->fo.report_pending) {
-		rh_fo_first_completion(c);
+		rh_marks_first_completion(c);
 	}
 	RH_PROBE3(req_done, lane, s->size, rh_now_ns() - s->t_start_ns);
-	rh_fo_replay_progress(c, s, true);
-	rh_fo_completed(c, s->size);
+	rh_marks_replay_progress(c, s, true);
+	rh_marks_completed(c, s->size);
 }
 
 void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p)

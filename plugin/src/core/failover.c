@@ -130,16 +130,16 @@ static void open_backups(struct rh_conn *c)
 	if (c->fo.active && now >= c->fo.t_escalate_ms && count_state(c, RH_LANE_ACTIVE) == 0) {
 		return; /* past the escalation bound: only lanes already in flight may still save it */
 	}
-	n = rh_fo_plan_pairs(c, p, want - have);
+	n = rh_backup_plan_pairs(c, p, want - have);
 	if (n == 0) {
-		n = rh_fo_rank(c, p, want - have, false);
+		n = rh_backup_rank(c, p, want - have, false);
 	}
 	if (n == 0 && have == 0 && c->fo.active && c->fo.reprobes < 1 &&
 	    now + (uint64_t)rh_param.PROBE_TIMEOUT <= c->fo.t_escalate_ms) {
 		/* Every candidate failed its probe: probe them all once more before giving up (a
 		 * probe lost to congestion must not end the connection). */
 		c->fo.reprobes++;
-		n = rh_fo_rank(c, p, want, true);
+		n = rh_backup_rank(c, p, want, true);
 		if (n) {
 			INFO("conn %016llx: every backup pair failed, re-probing %d",
 			     (unsigned long long)c->id, n);
@@ -201,11 +201,11 @@ static void send_notify(struct rh_conn *c)
 		}
 		rh_conn_queue_resume(c, false);
 		if (c->fo.active) {
-			rh_fo_report_move(c, "RESUME sent");
+			rh_marks_report_move(c, "RESUME sent");
 		}
 		c->fo.active = false;
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		rh_fo_moved(c, 0);
+		rh_marks_moved(c, 0);
 		INFO("conn %016llx (recv): resume record sent, epoch %u", (unsigned long long)c->id,
 		     c->epoch);
 	}
@@ -244,7 +244,7 @@ static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char
 		c->fo.active = true;
 		c->fo.t_detect_ms = now;
 		if (!c->fo.await_first) {
-			rh_fo_start_marks(c, l, err, why);
+			rh_marks_start(c, l, err, why);
 		}
 		c->fo.await_first = false;
 		c->fo.report_pending = false;
@@ -286,7 +286,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}
-	/* INFO: the move's one WARN line is rh_fo_report_move()'s */
+	/* INFO: the move's one WARN line is rh_marks_report_move()'s */
 	INFO("conn %016llx (%s): lane %u %s -> peer NIC %d failed: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
@@ -473,12 +473,12 @@ void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *
 	rh_conn_queue_resume(c, true);
 	if (!c->fo.active && !c->fo.await_first) {
 		/* moved because the peer detected it: this side's marks start here */
-		rh_fo_start_marks(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
-				  "the peer lost the lane");
+		rh_marks_start(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
+			       "the peer lost the lane");
 	}
 	if (!c->fo.active) {
 		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		rh_fo_moved(c, 0);
+		rh_marks_moved(c, 0);
 	}
 	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
 	     c->epoch);
@@ -533,8 +533,8 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 	}
 	if (!c->fo.active && !c->fo.await_first) {
 		/* the receiver moved on its own: this side's marks start here */
-		rh_fo_start_marks(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
-				  "the peer lost the lane");
+		rh_marks_start(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
+			       "the peer lost the lane");
 	}
 	for (int k = 0; k < r->ndead; k++) {
 		for (int i = 0; i < c->nlanes; i++) {
@@ -656,13 +656,13 @@ void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p
 		/* Requests the receiver confirmed complete now; otherwise the first ACK does. */
 		c->fo.report_pending = true;
 		if (acked > 0 || n == 0) {
-			rh_fo_first_completion(c);
+			rh_marks_first_completion(c);
 		}
 	}
 	c->fo.active = false;
 	c->fo.notify = false;
 	RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
-	rh_fo_moved(c, replayed_bytes);
+	rh_marks_moved(c, replayed_bytes);
 	INFO("conn %016llx (send): RESUME applied at epoch %u: %d confirmed, %d replayed (%llu "
 	     "bytes) on %d lanes",
 	     (unsigned long long)c->id, c->epoch, acked, replayed,

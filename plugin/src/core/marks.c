@@ -37,7 +37,7 @@ static struct rh_lane *carrier_lane(struct rh_conn *c)
 
 /* The one WARN line of a move (grep-able as "railhop ... failover:"): the pair that failed, why,
  * where the traffic went and the time from detection to what `reached` names. */
-void rh_fo_report_move(struct rh_conn *c, const char *reached)
+void rh_marks_report_move(struct rh_conn *c, const char *reached)
 {
 	struct rh_lane *l = carrier_lane(c);
 	char to[64];
@@ -57,17 +57,17 @@ void rh_fo_report_move(struct rh_conn *c, const char *reached)
 	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
 }
 
-void rh_fo_first_completion(struct rh_conn *c)
+void rh_marks_first_completion(struct rh_conn *c)
 {
 	if (c->fo.report_pending) {
 		c->fo.report_pending = false;
-		rh_fo_report_move(c, "the first completion");
+		rh_marks_report_move(c, "the first completion");
 	}
 }
 
 /* A move of this connection starts (its detection here, or the peer's word): the timing
  * marks and the WARN line's cause start here; l is the lane it leaves (NULL: unknown). */
-void rh_fo_start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
+void rh_marks_start(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
 {
 	c->fo.t_detect_ns = rh_now_ns();
 	c->fo.cause_err = err < 0 ? -err : err;
@@ -82,8 +82,8 @@ void rh_fo_start_marks(struct rh_conn *c, struct rh_lane *l, int err, const char
 }
 
 /* The move is applied (sender: RESUME taken and the replay queued; receiver: RESUME record
- * sent): FAILOVER_END waits for the first request completed after it (rh_fo_completed). */
-void rh_fo_moved(struct rh_conn *c, uint64_t bytes_replayed)
+ * sent): FAILOVER_END waits for the first request completed after it (rh_marks_completed). */
+void rh_marks_moved(struct rh_conn *c, uint64_t bytes_replayed)
 {
 	c->fo.await_first = true;
 	c->fo.await_fair = false;
@@ -91,7 +91,7 @@ void rh_fo_moved(struct rh_conn *c, uint64_t bytes_replayed)
 	c->fo.bytes_replayed = bytes_replayed;
 }
 
-void rh_fo_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked)
+void rh_marks_replay_progress(struct rh_conn *c, struct rh_sreq *s, bool acked)
 {
 	if (s->replay_unsent && (acked || s->next_chunk >= s->nchunks)) {
 		s->replay_unsent = false;
@@ -151,7 +151,7 @@ static void first_completion(struct rh_conn *c, uint64_t now)
 	RH_PROBE4(failover_end, c->id, c->epoch, rh_conn_active_lanes(c), dur);
 	rh_conn_lane_event(c, NULL, RH_EVT_FAILOVER_END, 0, dur, c->fo.bytes_replayed);
 	peer_name(c, c->fo.from_rnic, peer, sizeof(peer));
-	/* INFO: the move's WARN line is rh_fo_report_move()'s */
+	/* INFO: the move's WARN line is rh_marks_report_move()'s */
 	INFO("conn %016llx (%s): failover off %s -> peer %s (NIC %d), cause: %s (%s); first "
 	     "completion %.1f ms after detection (moved at +%.1f ms, %llu bytes replayed, %d "
 	     "lane(s))",
@@ -199,7 +199,7 @@ static void rate_window(struct rh_conn *c, uint64_t now, uint64_t rate)
 	}
 }
 
-void rh_fo_completed(struct rh_conn *c, uint64_t bytes)
+void rh_marks_completed(struct rh_conn *c, uint64_t bytes)
 {
 	uint64_t now = rh_now_ns();
 

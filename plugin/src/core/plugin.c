@@ -38,6 +38,8 @@ static int nobj; /* listen comms and send/recv comms held by the host */
 static int legacy; /* init through a table without finalize: held until nobj drops to 0 */
 static ncclDebugLogger_t host_logger; /* the last logger a v8..v10 init passed */
 
+/* Start everything in order; a failure unwinds what started (the transport's stop also
+ * closes the listeners it opened). */
 static int start_locked(void)
 {
 	int rc;
@@ -56,25 +58,19 @@ static int start_locked(void)
 	rh_g.nnics = rc;
 	rh_health_reset();
 	rh_health_poll_carrier(); /* a NIC already down at start is never advertised or used */
-	rh_g.ops = rh_lanes_choose();
-	if (!rh_g.ops) {
-		return -EPROTONOSUPPORT;
+	rc = rh_transport_start();
+	if (rc < 0) {
+		return rc;
 	}
 	rc = rh_g.ops->start((int)rh_param.NTHREADS);
 	if (rc < 0) {
-		if (rh_g.ops->stop) {
-			rh_g.ops->stop();
-		}
-		return rc;
+		goto stop_transport;
 	}
 	for (int i = 0; i < rh_g.nnics; i++) {
 		rc = rh_g.ops->listen(i);
 		if (rc < 0) {
 			WARN("cannot listen on %s: %s", rh_g.nics[i].ifname, strerror(-rc));
-			if (rh_g.ops->stop) {
-				rh_g.ops->stop();
-			}
-			return rc;
+			goto stop_transport;
 		}
 	}
 	if (rh_param.CHECKSUM) {
@@ -83,15 +79,18 @@ static int start_locked(void)
 	}
 	rc = rh_health_start_ticker();
 	if (rc < 0) {
-		if (rh_g.ops->stop) {
-			rh_g.ops->stop();
-		}
-		return rc;
+		goto stop_transport;
 	}
 	running = true;
 	INFO_INIT("initialised: %d NIC(s), %s lanes, %lld I/O thread(s)", rh_g.nnics,
 		  rh_g.ops->name, (long long)rh_param.NTHREADS);
 	return 0;
+
+stop_transport:
+	if (rh_g.ops->stop) {
+		rh_g.ops->stop();
+	}
+	return rc;
 }
 
 static void stop_locked(void)
@@ -337,24 +336,6 @@ struct rh_conn *rh_registry_find(uint64_t id, bool is_send)
 		}
 	}
 	return NULL;
-}
-
-int rh_conn_start_connect(struct rh_conn *c)
-{
-	int lnic, rnic;
-	struct rh_lane *l;
-
-	CHECK(rh_fo_initial_pair(c, &lnic, &rnic));
-	l = rh_conn_add_lane(c, c->next_lane_id, lnic, rnic, (int)rh_param.STREAMS_PER_LANE, true);
-	if (!l) {
-		return -ENOMEM;
-	}
-	c->next_lane_id += 2;
-	l->primary = true;
-	c->lnic_orig = lnic;
-	c->rnic_orig = rnic;
-	c->connect_attempts++;
-	return rh_conn_open_lane(c, l, RH_HELLO_CONN, 2000 + (int)rh_param.PROBE_TIMEOUT);
 }
 
 int rh_connect(int dev, void *handle, void **send_comm)

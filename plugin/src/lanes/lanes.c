@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Transport choice: one function that logs why (lane_ops.h). RAILHOP_TRANSPORT=tcp|ofi forces
- * one; auto takes libfabric only where an RDMA-class provider is found. NULL: the forced one is
- * not available (a clear error at init, never a silent fallback).
+ * Transport choice: one function that logs why (lanes.h). RAILHOP_TRANSPORT=tcp|ofi forces one;
+ * auto takes libfabric only where an RDMA-class provider is found. NULL: the forced one is not
+ * available (a clear error at init, never a silent fallback). The assembly point (api_nccl.c)
+ * registers it with the core as the transport picker.
  */
 #include <string.h>
 
@@ -16,7 +17,7 @@ const struct lane_ops *rh_lanes_choose(void)
 
 	if (!strcmp(t, "tcp")) {
 		INFO_INIT("transport tcp (RAILHOP_TRANSPORT=tcp)");
-		return &rh_tcp_ops;
+		return &tcp_lane_ops;
 	}
 	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
 		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
@@ -26,19 +27,19 @@ const struct lane_ops *rh_lanes_choose(void)
 	if (!strcmp(t, "ofi")) {
 		INFO_INIT("transport ofi (RAILHOP_TRANSPORT=ofi; libfabric picks the provider, "
 			  "FI_PROVIDER narrows it)");
-		return &rh_ofi_ops;
+		return &ofi_lane_ops;
 	}
 	{
 		char prov[64];
 
-		if (rh_ofi_rdma_provider(prov, sizeof(prov))) {
+		if (ofi_rdma_provider(prov, sizeof(prov))) {
 			INFO_INIT("transport ofi (libfabric provider %s offers FI_EP_MSG + FI_RMA)",
 				  prov);
-			return &rh_ofi_ops;
+			return &ofi_lane_ops;
 		}
 	}
 	INFO_INIT("transport tcp (no RDMA-class libfabric provider found)");
-	return &rh_tcp_ops;
+	return &tcp_lane_ops;
 #else
 	if (!strcmp(t, "ofi")) {
 		WARN("RAILHOP_TRANSPORT=ofi, but this plugin was built without libfabric "
@@ -46,6 +47,6 @@ const struct lane_ops *rh_lanes_choose(void)
 		return NULL;
 	}
 	INFO_INIT("transport tcp (built without libfabric)");
-	return &rh_tcp_ops;
+	return &tcp_lane_ops;
 #endif
 }

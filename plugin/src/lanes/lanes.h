@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The concrete transports, private to lanes/: the core reaches them only through
- * rh_lanes_choose() (lane_ops.h).
+ * The concrete transports and the choice between them, for the assembly point (api_nccl.c),
+ * which registers the choice with the core (rh_core_set_transport, core/lane_ops.h). The core
+ * never includes this header.
  */
 #ifndef RH_LANES_H
 #define RH_LANES_H
@@ -9,13 +10,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "lane_ops.h"
+#include "../core/lane_ops.h"
 
-extern const struct lane_ops rh_tcp_ops;
+/* The transport for this process: RAILHOP_TRANSPORT=tcp|ofi forces one, auto takes libfabric
+ * only where an RDMA-class provider is found; logs why. NULL: the one asked for is not
+ * available (a clear error at init, never a silent fallback). Reads rh_param: call it after the
+ * parameters are loaded (the core's start does, through the registered picker). */
+const struct lane_ops *rh_lanes_choose(void);
+
+extern const struct lane_ops tcp_lane_ops;
 #ifdef RH_HAVE_OFI
-extern const struct lane_ops rh_ofi_ops;
+extern const struct lane_ops ofi_lane_ops;
 /* An RDMA-class libfabric provider (verbs) offers FI_EP_MSG + FI_RMA here. */
-bool rh_ofi_rdma_provider(char *name, size_t cap);
+bool ofi_rdma_provider(char *name, size_t cap);
 #endif
 
 #endif

@@ -9,7 +9,7 @@ static struct tcp_worker *workers;
 static int nworkers;
 static atomic_uint next_worker;
 
-void worker_kick(struct tcp_worker *w)
+void tcp_worker_kick(struct tcp_worker *w)
 {
 	uint64_t one = 1;
 
@@ -20,7 +20,7 @@ void worker_kick(struct tcp_worker *w)
 	}
 }
 
-struct tcp_stream *stream_new(int fd, enum tcp_kind kind)
+struct tcp_stream *tcp_stream_new(int fd, enum tcp_kind kind)
 {
 	struct tcp_stream *s = calloc(1, sizeof(*s));
 
@@ -34,7 +34,7 @@ struct tcp_stream *stream_new(int fd, enum tcp_kind kind)
 	return s;
 }
 
-int stream_add(struct tcp_stream *s)
+int tcp_stream_add(struct tcp_stream *s)
 {
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
 				  .data.ptr = s };
@@ -52,7 +52,7 @@ int stream_add(struct tcp_stream *s)
 	s->next = w->pending;
 	w->pending = s;
 	pthread_mutex_unlock(&w->mu);
-	worker_kick(w);
+	tcp_worker_kick(w);
 	return rc;
 }
 
@@ -79,7 +79,7 @@ static void sock_timer(int fd, int opt, int us, const char *name)
 /* Options of every lane socket: no Nagle, the buffer size (or autotuning), and a bound on the
  * unsent bytes a stream holds (RAILHOP_NOTSENT_LOWAT), so chunks stay in the core's queue, in
  * message order and never lost with a lane, until a stream can send them soon. */
-void sock_tune(int fd)
+void tcp_sock_tune(int fd)
 {
 	int one = 1, buf = (int)rh_param.SOCKBUF, lowat = (int)rh_param.NOTSENT_LOWAT;
 
@@ -109,7 +109,7 @@ static int sock_setup(int fd, int nic, bool bind_addr)
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	const char *ifname = rh_core_nic(nic)->ifname;
 
-	sock_tune(fd);
+	tcp_sock_tune(fd);
 	if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname, strlen(ifname) + 1) < 0) {
 		if (errno != EPERM || geteuid() == 0) {
 			return -errno;
@@ -144,14 +144,14 @@ static int tcp_listen(int nic)
 		return rc;
 	}
 	rh_core_nic(nic)->port = sa.sin_port;
-	s = stream_new(fd, K_LISTENER);
+	s = tcp_stream_new(fd, K_LISTENER);
 	if (!s) {
 		close(fd);
 		return -ENOMEM;
 	}
 	s->nic = nic;
 	INFO("lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
-	return stream_add(s);
+	return tcp_stream_add(s);
 }
 
 /* Start an outgoing connection of the given kind carrying a hello frame. */
@@ -164,7 +164,7 @@ static struct tcp_stream *dial(int lnic, uint32_t ip, uint16_t port, enum tcp_ki
 	struct tcp_stream *s;
 	int fd, rc, len;
 
-	fd = lane_socket();
+	fd = tcp_lane_socket();
 	if (fd < 0) {
 		*err = -errno;
 		return NULL;
@@ -180,7 +180,7 @@ static struct tcp_stream *dial(int lnic, uint32_t ip, uint16_t port, enum tcp_ki
 		close(fd);
 		return NULL;
 	}
-	s = stream_new(fd, kind);
+	s = tcp_stream_new(fd, kind);
 	if (!s) {
 		close(fd);
 		*err = -ENOMEM;
@@ -234,7 +234,7 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		s->idx = i;
 		tl->st.s[i] = s;
 		tl->st.live++;
-		if ((err = stream_add(s)) < 0) {
+		if ((err = tcp_stream_add(s)) < 0) {
 			break;
 		}
 	}
@@ -242,7 +242,7 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		for (int i = 0; i < TCP_MAX_STREAMS; i++) {
 			if (tl_s(tl, i)) {
 				atomic_store(&tl_s(tl, i)->dead, true);
-				worker_kick(tl_s(tl, i)->w);
+				tcp_worker_kick(tl_s(tl, i)->w);
 			}
 		}
 		if (tl->st.live == 0) {
@@ -270,7 +270,7 @@ static int tcp_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 	rh_core_conn_get(conn);
 	s->cookie = cookie;
 	s->deadline_ms = rh_now_ms() + (uint64_t)timeout_ms;
-	return stream_add(s);
+	return tcp_stream_add(s);
 }
 
 static void tcp_kick(struct rh_lane *lane)
@@ -282,7 +282,7 @@ static void tcp_kick(struct rh_lane *lane)
 	}
 	for (int i = 0; i < TCP_MAX_STREAMS; i++) {
 		if (tl_s(tl, i)) {
-			worker_kick(tl_s(tl, i)->w);
+			tcp_worker_kick(tl_s(tl, i)->w);
 		}
 	}
 }
@@ -307,7 +307,7 @@ static void tcp_fence(struct rh_lane *lane)
 			shutdown(s->fd, SHUT_RDWR);
 		}
 		atomic_store(&s->dead, true);
-		worker_kick(s->w);
+		tcp_worker_kick(s->w);
 	}
 }
 
@@ -361,7 +361,7 @@ static bool tcp_lost(struct rh_lane *lane, uint64_t quiet_ms)
 		    getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0) {
 			continue;
 		}
-		if (rh_tcp_info_lost(&ti, quiet_ms)) {
+		if (tcp_info_lost(&ti, quiet_ms)) {
 			return true;
 		}
 	}
@@ -448,7 +448,7 @@ static int tcp_start(int nthreads)
 		if (!w->scratch) {
 			return -ENOMEM;
 		}
-		rc = pthread_create(&w->th, NULL, worker_main, w);
+		rc = pthread_create(&w->th, NULL, tcp_worker_main, w);
 		if (rc != 0) {
 			return -rc;
 		}
@@ -465,7 +465,7 @@ static void tcp_stop(void)
 		atomic_store(&workers[i].stop, true);
 		atomic_store(&workers[i].kicked, false);
 		if (workers[i].evfd >= 0) {
-			worker_kick(&workers[i]);
+			tcp_worker_kick(&workers[i]);
 		}
 	}
 	for (int i = 0; i < nworkers; i++) {
@@ -476,7 +476,7 @@ static void tcp_stop(void)
 	/* Reaping may still kick a worker (a stream of a closing connection): only after
 	 * every worker is joined are their queues final. */
 	for (int i = 0; i < nworkers; i++) {
-		worker_reap_all(&workers[i]);
+		tcp_worker_reap_all(&workers[i]);
 	}
 	tcp_guard_fini();
 	for (int i = 0; i < nworkers; i++) {
@@ -496,7 +496,7 @@ static void tcp_stop(void)
 	nworkers = 0;
 }
 
-const struct lane_ops rh_tcp_ops = {
+const struct lane_ops tcp_lane_ops = {
 	.name = "tcp",
 	.start = tcp_start,
 	.stop = tcp_stop,

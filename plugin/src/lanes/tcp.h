@@ -6,8 +6,10 @@
  * into the posted buffer at the chunk's offset (no extra copy). Progress for stall detection is
  * the kernel's acknowledged byte count (TCP_INFO).
  *
- * tcp.c: sockets, listeners, dialing, the lane_ops table; tcp_io.c: the epoll workers (each
- * stream's frame state machine, handshakes, reaping). This header is private to the two.
+ * tcp.c: sockets, listeners, dialing, the lane_ops table (tcp_lane_ops); tcp_io.c: the epoll
+ * workers (each stream's frame state machine, handshakes, reaping); tcp_guard.c: the listeners'
+ * bounds (pending handshakes, descriptor reserve, accept backoff). This header is private to
+ * the three.
  */
 #ifndef RH_TCP_H
 #define RH_TCP_H
@@ -82,7 +84,7 @@ struct tcp_stream {
 	struct rh_conn *conn; /* reference held while set */
 	int idx;
 	int nic;
-	int hs_nic; /* accepted on listener hs_nic - 1 (0: not accepted): see pending_del() */
+	int hs_nic; /* accepted on listener hs_nic - 1 (0: not accepted): see tcp_pending_del() */
 	uint64_t deadline_ms;
 	uint64_t cookie;
 	atomic_bool dead; /* fenced: reap at the next scan */
@@ -134,7 +136,7 @@ struct tcp_worker {
 	int epfd;
 	int evfd;
 	atomic_bool kicked;
-	atomic_bool stop; /* worker_main returns */
+	atomic_bool stop; /* tcp_worker_main returns */
 	pthread_mutex_t mu;
 	struct tcp_stream *pending; /* added by other threads */
 	struct tcp_stream *list; /* owned */
@@ -142,24 +144,24 @@ struct tcp_worker {
 };
 
 /* tcp.c */
-struct tcp_stream *stream_new(int fd, enum tcp_kind kind);
-int stream_add(struct tcp_stream *s);
-void sock_tune(int fd);
+struct tcp_stream *tcp_stream_new(int fd, enum tcp_kind kind);
+int tcp_stream_add(struct tcp_stream *s);
+void tcp_sock_tune(int fd);
 
 /* tcp_io.c */
-void worker_kick(struct tcp_worker *w);
-void *worker_main(void *arg);
+void tcp_worker_kick(struct tcp_worker *w);
+void *tcp_worker_main(void *arg);
 /* Release every stream a stopped worker still holds (its thread is joined). */
-void worker_reap_all(struct tcp_worker *w);
+void tcp_worker_reap_all(struct tcp_worker *w);
 
 /* tcp_guard.c: the listeners' bounds (see above) */
 void tcp_guard_init(void);
 void tcp_guard_fini(void);
-int lane_socket(void); /* socket() for a lane or probe, from the reserve if need be */
-bool fd_reserve_refill(void); /* false: at the descriptor limit */
-void pending_add(int nic, struct tcp_stream *s, uint32_t src);
-bool pending_del(struct tcp_stream *s); /* false: evicted meanwhile */
-void listener_backoff(struct tcp_stream *l, const char *why);
-void listener_rearm(struct tcp_stream *l, uint64_t now);
+int tcp_lane_socket(void); /* socket() for a lane or probe, from the reserve if need be */
+bool tcp_fd_reserve_refill(void); /* false: at the descriptor limit */
+void tcp_pending_add(int nic, struct tcp_stream *s, uint32_t src);
+bool tcp_pending_del(struct tcp_stream *s); /* false: evicted meanwhile */
+void tcp_listener_backoff(struct tcp_stream *l, const char *why);
+void tcp_listener_rearm(struct tcp_stream *l, uint64_t now);
 
 #endif

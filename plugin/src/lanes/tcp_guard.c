@@ -32,7 +32,7 @@ static int nreserve;
 static pthread_mutex_t reserve_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Refill the reserve; true when it is full (false: the process is at its descriptor limit). */
-bool fd_reserve_refill(void)
+bool tcp_fd_reserve_refill(void)
 {
 	bool full;
 
@@ -73,7 +73,7 @@ static void fd_reserve_release(void)
 	pthread_mutex_unlock(&reserve_mu);
 }
 
-int lane_socket(void)
+int tcp_lane_socket(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
@@ -92,7 +92,7 @@ static void pending_remove_at(struct tcp_lsn *ls, int i)
 
 /* List a connection just accepted on NIC nic's listener (before anyone else can see it),
  * evicting the oldest pending handshake when a cap is reached. */
-void pending_add(int nic, struct tcp_stream *s, uint32_t src)
+void tcp_pending_add(int nic, struct tcp_stream *s, uint32_t src)
 {
 	struct tcp_lsn *ls = &lsns[nic];
 	int same = 0, oldest_same = -1, victim = -1;
@@ -113,7 +113,7 @@ void pending_add(int nic, struct tcp_stream *s, uint32_t src)
 
 		pending_remove_at(ls, victim);
 		atomic_store(&v->dead, true); /* its worker reaps it at the next scan */
-		worker_kick(v->w);
+		tcp_worker_kick(v->w);
 		ls->evicted++;
 	}
 	__atomic_store_n(&s->hs_nic, nic + 1, __ATOMIC_RELAXED);
@@ -125,7 +125,7 @@ void pending_add(int nic, struct tcp_stream *s, uint32_t src)
 
 /* The handshake of an accepted connection ended (its hello arrived, or it is reaped). Returns
  * false when it had been evicted meanwhile (it must then be dropped, never used). */
-bool pending_del(struct tcp_stream *s)
+bool tcp_pending_del(struct tcp_stream *s)
 {
 	struct tcp_lsn *ls;
 	bool listed = false;
@@ -149,7 +149,7 @@ bool pending_del(struct tcp_stream *s)
 
 /* Out of descriptors: take the listener out of its worker's poll set for a while (the worker's
  * scan puts it back). */
-void listener_backoff(struct tcp_stream *l, const char *why)
+void tcp_listener_backoff(struct tcp_stream *l, const char *why)
 {
 	struct tcp_lsn *ls = &lsns[l->nic];
 	uint64_t now = rh_now_ms();
@@ -167,7 +167,7 @@ void listener_backoff(struct tcp_stream *l, const char *why)
 	}
 }
 
-void listener_rearm(struct tcp_stream *l, uint64_t now)
+void tcp_listener_rearm(struct tcp_stream *l, uint64_t now)
 {
 	struct tcp_lsn *ls = &lsns[l->nic];
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = l };
@@ -188,7 +188,7 @@ void tcp_guard_init(void)
 		memset(&lsns[i], 0, sizeof(lsns[i]));
 		pthread_mutex_init(&lsns[i].mu, NULL);
 	}
-	fd_reserve_refill();
+	tcp_fd_reserve_refill();
 }
 
 void tcp_guard_fini(void)

@@ -43,7 +43,7 @@ static void stream_reap(struct tcp_stream *s)
 {
 	struct rh_conn *c = s->conn;
 
-	pending_del(s);
+	tcp_pending_del(s);
 	epoll_ctl(s->w->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	if (s->tx_core && s->lane) {
 		s->tx_core = false;
@@ -72,7 +72,7 @@ static void on_accept_hello(struct tcp_stream *s)
 	struct rh_lane *lane;
 	int len;
 
-	if (!pending_del(s) || rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
+	if (!tcp_pending_del(s) || rh_hello_get(s->rxbuf, s->h.len, &in) < 0) {
 		s->reap = true; /* evicted while its hello arrived, or a bad hello */
 		return;
 	}
@@ -116,7 +116,7 @@ static void on_accept_hello(struct tcp_stream *s)
 	do_tx(s);
 }
 
-static void on_hello_ack(struct tcp_stream *s)
+static void ofi_on_hello_ack(struct tcp_stream *s)
 {
 	struct rh_hello reply;
 
@@ -147,7 +147,7 @@ static void on_frame(struct tcp_stream *s)
 		return;
 	case ST_HELLO_WAIT:
 		if (s->h.type == RH_F_HELLO_ACK) {
-			on_hello_ack(s);
+			ofi_on_hello_ack(s);
 		} else {
 			stream_fail(s, -EPROTO);
 		}
@@ -386,21 +386,21 @@ static void on_listener(struct tcp_stream *l)
 		struct tcp_stream *s;
 		int fd;
 
-		if (!fd_reserve_refill()) {
-			listener_backoff(l,
-					 "descriptor limit reached (probe reserve not refilled)");
+		if (!tcp_fd_reserve_refill()) {
+			tcp_listener_backoff(
+				l, "descriptor limit reached (probe reserve not refilled)");
 			return;
 		}
 		fd = accept4(l->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
 			    errno == ENOMEM) {
-				listener_backoff(l, strerror(errno));
+				tcp_listener_backoff(l, strerror(errno));
 			}
 			return;
 		}
-		sock_tune(fd);
-		s = stream_new(fd, K_ACCEPTED);
+		tcp_sock_tune(fd);
+		s = tcp_stream_new(fd, K_ACCEPTED);
 		if (!s) {
 			close(fd);
 			continue;
@@ -408,8 +408,8 @@ static void on_listener(struct tcp_stream *l)
 		s->state = ST_HELLO_IN;
 		s->nic = l->nic;
 		s->deadline_ms = rh_now_ms() + TCP_HS_DEADLINE_MS;
-		pending_add(l->nic, s, sa.sin_family == AF_INET ? sa.sin_addr.s_addr : 0);
-		stream_add(s);
+		tcp_pending_add(l->nic, s, sa.sin_family == AF_INET ? sa.sin_addr.s_addr : 0);
+		tcp_stream_add(s);
 	}
 }
 
@@ -447,7 +447,7 @@ static void on_events(struct tcp_stream *s, uint32_t ev)
 	}
 }
 
-void *worker_main(void *arg)
+void *tcp_worker_main(void *arg)
 {
 	struct tcp_worker *w = arg;
 	struct epoll_event evs[64];
@@ -498,7 +498,7 @@ void *worker_main(void *arg)
 				do_rx(s);
 			}
 			if (scan && s->kind == K_LISTENER) {
-				listener_rearm(s, now);
+				tcp_listener_rearm(s, now);
 			}
 			if (scan && !s->reap && s->kind != K_LISTENER) {
 				if (atomic_load(&s->dead)) {
@@ -530,7 +530,7 @@ void *worker_main(void *arg)
 	return NULL;
 }
 
-void worker_reap_all(struct tcp_worker *w)
+void tcp_worker_reap_all(struct tcp_worker *w)
 {
 	for (;;) {
 		struct tcp_stream *s;

@@ -13,7 +13,7 @@
 
 #include "tcpstate.h"
 
-bool rh_tcp_info_lost(const struct tcp_info *ti, uint64_t quiet_ms)
+bool tcp_info_lost(const struct tcp_info *ti, uint64_t quiet_ms)
 {
 	uint64_t need_ms = 2 * (uint64_t)ti->tcpi_rtt / 1000;
 
@@ -59,8 +59,8 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 	return -ENOENT;
 }
 
-int rh_tcp_info_by_addr(uint32_t lip, uint16_t lport, uint32_t rip, uint16_t rport,
-			struct tcp_info *out)
+int tcp_info_by_addr(uint32_t lip, uint16_t lport, uint32_t rip, uint16_t rport,
+		     struct tcp_info *out)
 {
 	struct {
 		struct nlmsghdr nh;

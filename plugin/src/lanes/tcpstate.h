@@ -16,13 +16,13 @@ struct tcp_info; /* <linux/tcp.h>, as the TCP lane uses it */
 /* A socket holding unacknowledged bytes is in RTO loss recovery and the lane has been quiet
  * for two of its smoothed RTTs (at least 20 ms): the retransmission after the timeout went
  * unanswered, which a live but congested path answers within about one RTT. */
-bool rh_tcp_info_lost(const struct tcp_info *ti, uint64_t quiet_ms);
+bool tcp_info_lost(const struct tcp_info *ti, uint64_t quiet_ms);
 
 /* tcp_info of the IPv4 TCP socket local lip:lport <-> remote rip:rport (addresses in network
  * order, ports in host order), in this process's network namespace. Returns 0, -ENOENT when
  * there is no such socket, or another negative errno. Bounded: one netlink round trip with
  * a 100 ms receive timeout. */
-int rh_tcp_info_by_addr(uint32_t lip, uint16_t lport, uint32_t rip, uint16_t rport,
-			struct tcp_info *out);
+int tcp_info_by_addr(uint32_t lip, uint16_t lport, uint32_t rip, uint16_t rport,
+		     struct tcp_info *out);
 
 #endif

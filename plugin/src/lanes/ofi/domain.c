@@ -12,7 +12,7 @@ struct ofi_dom ofi_doms[RH_MAX_NICS];
 
 static struct fi_info *make_hints(void)
 {
-	struct fi_info *h = lf_dupinfo(NULL); /* fi_allocinfo(), through the loaded library */
+	struct fi_info *h = ofi_lf_dupinfo(NULL); /* fi_allocinfo(), through the loaded library */
 
 	if (!h) {
 		return NULL;
@@ -26,23 +26,23 @@ static struct fi_info *make_hints(void)
 	return h;
 }
 
-bool rh_ofi_rdma_provider(char *name, size_t cap)
+bool ofi_rdma_provider(char *name, size_t cap)
 {
 	struct fi_info *hints, *list = NULL;
 	bool found = false;
 
-	if (!lf_load()) {
+	if (!ofi_lf_load()) {
 		return false;
 	}
 	hints = make_hints();
 	if (!hints) {
-		lf_unload();
+		ofi_lf_unload();
 		return false;
 	}
 	/* Only verbs offers FI_EP_MSG + FI_RMA on RDMA hardware (efa is RDM-only): asking for it
 	 * alone keeps init from probing every provider. */
 	hints->fabric_attr->prov_name = strdup("verbs");
-	if (lf_getinfo(OFI_API, NULL, NULL, 0, hints, &list) == 0) {
+	if (ofi_lf_getinfo(OFI_API, NULL, NULL, 0, hints, &list) == 0) {
 		for (struct fi_info *i = list; i && !found; i = i->next) {
 			const char *p = i->fabric_attr->prov_name;
 
@@ -52,9 +52,9 @@ bool rh_ofi_rdma_provider(char *name, size_t cap)
 			}
 		}
 	}
-	lf_freeinfo(list);
-	lf_freeinfo(hints);
-	lf_unload(); /* ofi_start loads it again if it is chosen */
+	ofi_lf_freeinfo(list);
+	ofi_lf_freeinfo(hints);
+	ofi_lf_unload(); /* ofi_start loads it again if it is chosen */
 	return found;
 }
 
@@ -81,7 +81,7 @@ static void nic_attrs(int nic, const struct fi_info *i)
 	}
 }
 
-int dom_open(int nic)
+int ofi_dom_open(int nic)
 {
 	struct ofi_dom *d = &ofi_doms[nic];
 	struct fi_info *hints = make_hints(), *list = NULL, *pick = NULL;
@@ -95,7 +95,7 @@ int dom_open(int nic)
 	rc = -FI_ENODATA;
 	if (getenv("FI_PROVIDER")) {
 		/* the user's choice: libfabric applies it */
-		rc = lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
+		rc = ofi_lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
 	}
 	/* Else only the providers that offer FI_EP_MSG + FI_RMA, the RDMA one first: asking
 	 * for them by name keeps libfabric from running every other provider's getinfo (psm2,
@@ -105,12 +105,12 @@ int dom_open(int nic)
 
 		free(hints->fabric_attr->prov_name);
 		hints->fabric_attr->prov_name = strdup(usable[k]);
-		rc = lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
+		rc = ofi_lf_getinfo(OFI_API, node, NULL, FI_SOURCE, hints, &list);
 	}
-	lf_freeinfo(hints);
+	ofi_lf_freeinfo(hints);
 	if (rc) {
 		WARN("ofi: no libfabric provider with FI_EP_MSG + FI_RMA for %s (%s): %s",
-		     rh_core_nic(nic)->ifname, node, lf_strerror(-rc));
+		     rh_core_nic(nic)->ifname, node, ofi_lf_strerror(-rc));
 		return rc < 0 ? rc : -ENODEV;
 	}
 	/* Prefer the domain named after the NIC (tcp provider: the ifname), else the first. */
@@ -124,8 +124,8 @@ int dom_open(int nic)
 	if (!pick) {
 		pick = list;
 	}
-	d->info = lf_dupinfo(pick);
-	lf_freeinfo(list);
+	d->info = ofi_lf_dupinfo(pick);
+	ofi_lf_freeinfo(list);
 	if (!d->info) {
 		return -ENOMEM;
 	}
@@ -133,14 +133,14 @@ int dom_open(int nic)
 	d->rx_cq_data = d->info->mode & FI_RX_CQ_DATA;
 	pthread_mutex_init(&d->rc_mu, NULL);
 	d->next_key = 1;
-	rc = lf_fabric(d->info->fabric_attr, &d->fabric, NULL);
+	rc = ofi_lf_fabric(d->info->fabric_attr, &d->fabric, NULL);
 	if (!rc) {
 		rc = fi_domain(d->fabric, d->info, &d->domain, NULL);
 	}
 	if (rc) {
 		WARN("ofi: cannot open the %s domain %s for %s: %s",
 		     d->info->fabric_attr->prov_name, d->info->domain_attr->name,
-		     rh_core_nic(nic)->ifname, lf_strerror(-rc));
+		     rh_core_nic(nic)->ifname, ofi_lf_strerror(-rc));
 		return rc;
 	}
 	nic_attrs(nic, d->info);
@@ -154,8 +154,8 @@ int dom_open(int nic)
 
 /* The registration cache: one memory region per page range per domain, made the first time a
  * lane of the domain needs it and kept until the application deregisters the buffer. */
-int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
-	   void **desc)
+int ofi_mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
+	       void **desc)
 {
 	struct ofi_rc_entry *ent, n = { 0 };
 	int rc = 0;
@@ -171,7 +171,7 @@ int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uin
 			       (d->mr_mode & FI_MR_PROV_KEY) ? 0 : d->next_key++, 0, &mr, NULL);
 		if (rc) {
 			WARN("ofi: fi_mr_reg of %zu bytes failed: %s", (size_t)(n.hi - n.lo),
-			     lf_strerror(-rc));
+			     ofi_lf_strerror(-rc));
 			goto out;
 		}
 		n.mr = mr;
@@ -194,7 +194,7 @@ out:
 }
 
 /* Plugin stop (no endpoint left): registrations, passive endpoint, domain, fabric. */
-void dom_close(int nic)
+void ofi_dom_close(int nic)
 {
 	struct ofi_dom *d = &ofi_doms[nic];
 	struct ofi_rc_entry out[16];
@@ -225,7 +225,7 @@ void dom_close(int nic)
 		fi_close(&d->fabric->fid);
 	}
 	if (d->info) {
-		lf_freeinfo(d->info);
+		ofi_lf_freeinfo(d->info);
 	}
 	memset(d, 0, sizeof(*d));
 }

@@ -2,13 +2,13 @@
 /*
  * ofi lanes, endpoints: creating, connecting and closing FI_EP_MSG endpoints, their bounce
  * buffers and send slots, and the lane handshake (HELLO / HELLO_ACK, as on TCP). All of it runs
- * on the I/O thread, except ep_new/ep_push (any thread, handing new endpoints to it).
+ * on the I/O thread, except ofi_ep_new/ofi_ep_push (any thread, handing new endpoints to it).
  */
 #include "ofi.h"
 
 /* --- endpoints --- */
 
-struct ofi_ep *ep_new(enum ep_kind kind, int nic)
+struct ofi_ep *ofi_ep_new(enum ep_kind kind, int nic)
 {
 	struct ofi_ep *e = calloc(1, sizeof(*e));
 
@@ -25,13 +25,13 @@ struct ofi_ep *ep_new(enum ep_kind kind, int nic)
 	return e;
 }
 
-void ep_push(struct ofi_ep *e)
+void ofi_ep_push(struct ofi_ep *e)
 {
 	pthread_mutex_lock(&ofi_pend_mu);
 	e->next = ofi_pending;
 	ofi_pending = e;
 	pthread_mutex_unlock(&ofi_pend_mu);
-	io_kick();
+	ofi_io_kick();
 }
 
 /* A lane's first endpoint carries no writes (ofi_open adds it to the data endpoints): control
@@ -40,17 +40,17 @@ void ep_push(struct ofi_ep *e)
  * Measured on the 200 Mbit/s fabric with four connections moved onto one NIC: FAILREQs and
  * RESUMEs took 1-2 s to cross when they shared an endpoint with writes, and connections
  * escalated. (A lane of a single endpoint, which ofi_open never makes, would mix both.) */
-bool ep_ctrl_only(const struct ofi_ep *e)
+bool ofi_ep_ctrl_only(const struct ofi_ep *e)
 {
 	return e->idx == 0 && e->lane && e->lane->nstreams >= 2;
 }
 
-void ep_touch(struct ofi_ep *e, uint64_t bytes)
+void ofi_ep_touch(struct ofi_ep *e, uint64_t bytes)
 {
 	atomic_fetch_add(&e->progress, bytes + 1);
 }
 
-int post_rx(struct ofi_ep *e, int i)
+int ofi_post_rx(struct ofi_ep *e, int i)
 {
 	struct ofi_rx *r = &e->rx[i];
 
@@ -58,7 +58,7 @@ int post_rx(struct ofi_ep *e, int i)
 }
 
 /* Allocate the bounce buffers, open the CQ and EQ, bind and enable the endpoint. */
-int ep_setup(struct ofi_ep *e, struct fi_info *info)
+int ofi_ep_setup(struct ofi_ep *e, struct fi_info *info)
 {
 	struct fi_cq_attr cqa = { .format = FI_CQ_FORMAT_DATA,
 				  .size = 4 * (OFI_NRX + OFI_NTX + OFI_NWR),
@@ -123,7 +123,7 @@ int ep_setup(struct ofi_ep *e, struct fi_info *info)
 		return fi_err(rc);
 	}
 	for (int i = 0; i < OFI_NRX; i++) {
-		rc = post_rx(e, i);
+		rc = ofi_post_rx(e, i);
 		if (rc) {
 			return rc;
 		}
@@ -161,7 +161,7 @@ static void ep_cache_ports(struct ofi_ep *e)
 /* Opener: endpoint to ip:port from the NIC's domain; connect. */
 static int ep_connect(struct ofi_ep *e)
 {
-	struct fi_info *info = lf_dupinfo(e->d->info);
+	struct fi_info *info = ofi_lf_dupinfo(e->d->info);
 	struct sockaddr_in *sa;
 	int rc;
 
@@ -170,7 +170,7 @@ static int ep_connect(struct ofi_ep *e)
 	}
 	sa = calloc(1, sizeof(*sa));
 	if (!sa) {
-		lf_freeinfo(info);
+		ofi_lf_freeinfo(info);
 		return -ENOMEM;
 	}
 	sa->sin_family = AF_INET;
@@ -179,16 +179,16 @@ static int ep_connect(struct ofi_ep *e)
 	free(info->dest_addr);
 	info->dest_addr = sa;
 	info->dest_addrlen = sizeof(*sa);
-	rc = ep_setup(e, info);
+	rc = ofi_ep_setup(e, info);
 	if (!rc) {
 		rc = fi_err(fi_connect(e->ep, sa, NULL, 0));
 	}
-	lf_freeinfo(info);
+	ofi_lf_freeinfo(info);
 	e->st = ES_CONNECTING;
 	return rc;
 }
 
-int tx_free_slot(struct ofi_ep *e)
+int ofi_tx_free_slot(struct ofi_ep *e)
 {
 	for (int i = 0; i < OFI_NTX; i++) {
 		if (!e->tx[i].busy) {
@@ -199,7 +199,7 @@ int tx_free_slot(struct ofi_ep *e)
 }
 
 /* Post messages queued behind a full provider queue, in order. */
-int tx_flush(struct ofi_ep *e)
+int ofi_tx_flush(struct ofi_ep *e)
 {
 	while (e->txq_n) {
 		struct ofi_tx *t = &e->tx[e->txq[e->txq_head]];
@@ -219,7 +219,7 @@ int tx_flush(struct ofi_ep *e)
 
 /* Send slot i (len bytes, header included); messages keep their order. On a hard error the
  * slot stays busy so that closing the endpoint accounts for it. */
-int tx_post(struct ofi_ep *e, int i, size_t len)
+int ofi_tx_post(struct ofi_ep *e, int i, size_t len)
 {
 	struct ofi_tx *t = &e->tx[i];
 
@@ -229,13 +229,13 @@ int tx_post(struct ofi_ep *e, int i, size_t len)
 	atomic_fetch_add(&e->outstanding, 1);
 	e->txq[(e->txq_head + e->txq_n) % OFI_NTX] = i;
 	e->txq_n++;
-	return tx_flush(e);
+	return ofi_tx_flush(e);
 }
 
 /* Send [header][body] as one message. -EAGAIN: no free slot, try again later. */
-int send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len)
+int ofi_send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len)
 {
-	int i = tx_free_slot(e);
+	int i = ofi_tx_free_slot(e);
 	struct ofi_tx *t;
 
 	if (i < 0) {
@@ -247,7 +247,7 @@ int send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len
 		memcpy(t->buf + OFI_MHDR_LEN, body, len);
 	}
 	t->core_len = 0;
-	return tx_post(e, i, OFI_MHDR_LEN + len);
+	return ofi_tx_post(e, i, OFI_MHDR_LEN + len);
 }
 
 static void lane_release(void *tp)
@@ -271,7 +271,7 @@ static void ep_detach(struct ofi_ep *e)
 
 /* Close the endpoint: after fi_close returns the provider places and reads nothing more for
  * it (rule 1 of the fence). Then the io reference goes. */
-void ep_close(struct ofi_ep *e)
+void ofi_ep_close(struct ofi_ep *e)
 {
 	if (e->st == ES_CLOSED) {
 		return;
@@ -309,7 +309,7 @@ void ep_close(struct ofi_ep *e)
 		rh_core_probe_done(e->conn, e->cookie, false);
 	}
 	if (e->cinfo) {
-		lf_freeinfo(e->cinfo);
+		ofi_lf_freeinfo(e->cinfo);
 		e->cinfo = NULL;
 	}
 	if (e->kind == EK_LANE || e->kind == EK_LANE_IN) {
@@ -321,7 +321,7 @@ void ep_close(struct ofi_ep *e)
 }
 
 /* A transport failure: a lane error for the core (which fences the lane), a failed probe. */
-void ep_fail(struct ofi_ep *e, int err, const char *why)
+void ofi_ep_fail(struct ofi_ep *e, int err, const char *why)
 {
 	if (e->failed) {
 		return;
@@ -331,10 +331,10 @@ void ep_fail(struct ofi_ep *e, int err, const char *why)
 		TRACE("ofi: lane %u stream %d: %s (%s)", e->lane->id, e->idx, why, strerror(-err));
 		rh_core_lane_error(e->lane, err);
 	}
-	ep_close(e);
+	ofi_ep_close(e);
 }
 
-void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
+void ofi_on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 {
 	struct rh_hdr h, ah = { .type = RH_F_HELLO_ACK };
 	struct rh_hello in, reply;
@@ -346,7 +346,7 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 	if ((e->st != ES_HELLO_IN && !(e->st == ES_CONNECTING && e->kind == EK_ACCEPTED)) ||
 	    len < RH_HDR_LEN || rh_hdr_get(b, &h) < 0 || h.type != RH_F_HELLO ||
 	    h.len > len - RH_HDR_LEN || rh_hello_get(b + RH_HDR_LEN, h.len, &in) < 0) {
-		ep_close(e);
+		ofi_ep_close(e);
 		return;
 	}
 	if (in.kind == RH_HELLO_PROBE) {
@@ -357,13 +357,13 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 	} else {
 		lane = rh_core_hello(&h, &in, &reply);
 		if (!lane) {
-			ep_close(e);
+			ofi_ep_close(e);
 			return;
 		}
 		c = lane->conn; /* reference taken by rh_core_hello */
 		if (rh_core_stream_attach(lane, in.stream, OFI_MAX_STREAMS, e,
 					  sizeof(struct ofi_lane), true) < 0) {
-			ep_close(e);
+			ofi_ep_close(e);
 			return;
 		}
 		e->io_held = true;
@@ -374,7 +374,7 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 	}
 	out = malloc(RH_HDR_LEN + OFI_HELLO_MAX);
 	if (!out) {
-		ep_fail(e, -ENOMEM, "no memory");
+		ofi_ep_fail(e, -ENOMEM, "no memory");
 		return;
 	}
 	n = rh_hello_put(&reply, out + RH_HDR_LEN, OFI_HELLO_MAX);
@@ -382,10 +382,10 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 	ah.epoch = h.epoch;
 	ah.len = (uint32_t)(n > 0 ? n : 0);
 	rh_hdr_put(&ah, out);
-	n = send_msg(e, OFI_M_HELLO_ACK, out, RH_HDR_LEN + ah.len);
+	n = ofi_send_msg(e, OFI_M_HELLO_ACK, out, RH_HDR_LEN + ah.len);
 	free(out);
 	if (n < 0) {
-		ep_fail(e, n, "cannot answer the hello");
+		ofi_ep_fail(e, n, "cannot answer the hello");
 		return;
 	}
 	e->st = ES_READY;
@@ -397,7 +397,7 @@ void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 	}
 }
 
-void on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
+void ofi_on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 {
 	struct rh_hdr h;
 	struct rh_hello reply;
@@ -405,13 +405,13 @@ void on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 	if (e->st != ES_HELLO_WAIT || len < RH_HDR_LEN || rh_hdr_get(b, &h) < 0 ||
 	    h.type != RH_F_HELLO_ACK || h.aux != 0 || h.len > len - RH_HDR_LEN ||
 	    rh_hello_get(b + RH_HDR_LEN, h.len, &reply) < 0) {
-		ep_fail(e, -ECONNREFUSED, "handshake refused");
+		ofi_ep_fail(e, -ECONNREFUSED, "handshake refused");
 		return;
 	}
 	if (e->kind == EK_PROBE_OUT) {
 		e->probe_reported = true;
 		rh_core_probe_done(e->conn, e->cookie, true);
-		ep_close(e);
+		ofi_ep_close(e);
 		return;
 	}
 	e->st = ES_READY;
@@ -421,7 +421,7 @@ void on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 	rh_core_stream_ready(e->lane, &reply);
 }
 
-void ep_start(struct ofi_ep *e)
+void ofi_ep_start(struct ofi_ep *e)
 {
 	int rc = ep_connect(e);
 
@@ -430,11 +430,11 @@ void ep_start(struct ofi_ep *e)
 	if (rc) {
 		WARN("ofi: cannot open an endpoint from %s: %s", rh_core_nic(e->nic)->ifname,
 		     strerror(-rc));
-		ep_fail(e, rc, "connect failed");
+		ofi_ep_fail(e, rc, "connect failed");
 	}
 }
 
-void ep_free(struct ofi_ep *e)
+void ofi_ep_free(struct ofi_ep *e)
 {
 	free(e->hello);
 	free(e->arena);

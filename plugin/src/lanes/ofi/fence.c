@@ -44,14 +44,14 @@ static void deliver(struct ofi_ep *e, const struct rh_hdr *h, const char *expect
 		     (unsigned long long)h->off, h->len, (unsigned long long)h->seq, (void *)expect,
 		     (void *)dst);
 		rh_core_rx_data_done(e->lane, h, counted, false);
-		ep_fail(e, -EPROTO, "placement mismatch");
+		ofi_ep_fail(e, -EPROTO, "placement mismatch");
 		return;
 	}
 	rh_core_rx_data_done(e->lane, h, counted, true);
-	ep_touch(e, h->len);
+	ofi_ep_touch(e, h->len);
 }
 
-void on_write(struct ofi_ep *e, uint64_t imm)
+void ofi_on_write(struct ofi_ep *e, uint64_t imm)
 {
 	struct ofi_lane *ol = e->lane ? e->lane->tp : NULL;
 	struct rh_conn *c = e->conn;
@@ -64,7 +64,7 @@ void on_write(struct ofi_ep *e, uint64_t imm)
 	}
 	ofi_imm_decode(imm, &im);
 	r = ofi_rrec_find(&ol->rrec, &im);
-	ep_touch(e, 0);
+	ofi_ep_touch(e, 0);
 	if (!r) {
 		uint32_t ep =
 			(uint32_t)ofi_expand(im.epoch, OFI_IMM_EPOCH_BITS, rh_core_conn_epoch(c));
@@ -77,7 +77,7 @@ void on_write(struct ofi_ep *e, uint64_t imm)
 			WARN("ofi: lane %u: write of epoch %u for an unknown advert (seq %llu slot "
 			     "%u)",
 			     e->lane->id, ep, (unsigned long long)im.seq, im.slot);
-			ep_fail(e, -EPROTO, "write for an unknown advert");
+			ofi_ep_fail(e, -EPROTO, "write for an unknown advert");
 			return;
 		}
 		TRACE("ofi: write of epoch %u (< %u) for an unknown advert (seq %llu slot %u) "
@@ -87,18 +87,18 @@ void on_write(struct ofi_ep *e, uint64_t imm)
 	}
 	if (ofi_rrec_hdr(r, &im, rh_core_conn_chunk(c), rh_core_conn_epoch(c), rh_core_conn_id(c),
 			 &h) < 0) {
-		ep_fail(e, -EPROTO, "write outside its advert");
+		ofi_ep_fail(e, -EPROTO, "write outside its advert");
 		return;
 	}
 	deliver(e, &h, r->buf + h.off);
 }
 
-void on_data0(struct ofi_ep *e, const uint8_t *b, size_t len)
+void ofi_on_data0(struct ofi_ep *e, const uint8_t *b, size_t len)
 {
 	struct rh_hdr h;
 
 	if (len < RH_HDR_LEN || rh_hdr_get(b, &h) < 0 || h.type != RH_F_DATA || h.len != 0) {
-		ep_fail(e, -EPROTO, "malformed DATA0");
+		ofi_ep_fail(e, -EPROTO, "malformed DATA0");
 		return;
 	}
 	deliver(e, &h, NULL);
@@ -143,7 +143,7 @@ static bool gate_open(struct rh_conn *c, uint32_t min_epoch, struct ofi_ep **blo
 /* Receiver: answer the pending advert r on e (when the gate is open). Returns false when it
  * must wait. The buffer and its placed-chunk map are read now, after the gate: the map then
  * covers every chunk an older epoch placed. */
-bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
+bool ofi_answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 {
 	static uint64_t placed[OFI_ADV_WORDS_MAX]; /* I/O thread only */
 	static uint8_t body[OFI_ADV_LEN + 8 * OFI_ADV_WORDS_MAX];
@@ -162,7 +162,7 @@ bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 		if (blocker && !atomic_load(&blocker->fenced) &&
 		    now - r->t_pending_ms > (uint64_t)rh_param.COMPLETION_TIMEOUT &&
 		    now - blocker->last_rx_ms > (uint64_t)rh_param.COMPLETION_TIMEOUT) {
-			ep_fail(blocker, -ETIMEDOUT, "no fence marker from the sender");
+			ofi_ep_fail(blocker, -ETIMEDOUT, "no fence marker from the sender");
 		}
 		return false;
 	}
@@ -174,13 +174,13 @@ bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 	} else if (rc == -E2BIG) {
 		WARN("ofi: receive of %llu bytes has too many chunks for an advert",
 		     (unsigned long long)size);
-		ep_fail(e, -EMSGSIZE, "message too large for an advert");
+		ofi_ep_fail(e, -EMSGSIZE, "message too large for an advert");
 		return true;
 	} else if (rc < 0) {
 		a.status = OFI_ADV_GONE;
 		a.nwords = 0;
-	} else if ((rc = mr_get(e->d, buf, size ? size : 1, &a.addr, &a.key, &desc)) < 0) {
-		ep_fail(e, rc, "cannot register the receive buffer");
+	} else if ((rc = ofi_mr_get(e->d, buf, size ? size : 1, &a.addr, &a.key, &desc)) < 0) {
+		ofi_ep_fail(e, rc, "cannot register the receive buffer");
 		return true;
 	} else {
 		a.size = size;
@@ -189,7 +189,7 @@ bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 		r->size = size;
 	}
 	len = ofi_adv_put(&a, placed, body, sizeof(body));
-	if (len < 0 || send_msg(e, OFI_M_ADV, body, (size_t)len) < 0) {
+	if (len < 0 || ofi_send_msg(e, OFI_M_ADV, body, (size_t)len) < 0) {
 		return false; /* no send slot: later */
 	}
 	if (a.status == OFI_ADV_OK) {
@@ -206,14 +206,14 @@ bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 	return true;
 }
 
-void on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len)
+void ofi_on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len)
 {
 	struct ofi_lane *ol = e->lane ? e->lane->tp : NULL;
 	struct ofi_adv_req q;
 	struct ofi_rrec *r;
 
 	if (!ol || ofi_adv_req_get(b, len, &q) < 0) {
-		ep_fail(e, -EPROTO, "malformed ADV_REQ");
+		ofi_ep_fail(e, -EPROTO, "malformed ADV_REQ");
 		return;
 	}
 	r = &ol->rrec.e[q.seq % RH_RING][q.slot];
@@ -233,19 +233,19 @@ void on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len)
 	r->t_pending_ms = rh_now_ms();
 	r->state = OFI_RREC_PENDING;
 	ol->npending++;
-	if (answer_adv(e, r, q.slot, r->t_pending_ms)) {
+	if (ofi_answer_adv(e, r, q.slot, r->t_pending_ms)) {
 		ol->npending--;
 	}
 }
 
-void on_adv(struct ofi_ep *e, const uint8_t *b, size_t len)
+void ofi_on_adv(struct ofi_ep *e, const uint8_t *b, size_t len)
 {
 	static uint64_t placed[OFI_ADV_WORDS_MAX]; /* I/O thread only */
 	struct ofi_lane *ol = e->lane ? e->lane->tp : NULL;
 	struct ofi_adv_msg a;
 
 	if (!ol || ofi_adv_get(b, len, &a, placed, OFI_ADV_WORDS_MAX) < 0) {
-		ep_fail(e, -EPROTO, "malformed ADV");
+		ofi_ep_fail(e, -EPROTO, "malformed ADV");
 		return;
 	}
 	if (!ofi_adv_store(&ol->adv, &a, placed)) {
@@ -277,7 +277,7 @@ void on_adv(struct ofi_ep *e, const uint8_t *b, size_t len)
 			}
 		}
 	}
-	ep_touch(e, 0);
+	ofi_ep_touch(e, 0);
 }
 
 /* Post the write of chunk w (its advert is valid). Returns -EAGAIN to retry later. */
@@ -304,7 +304,7 @@ static int post_write(struct ofi_ep *e, struct ofi_lane *ol, struct ofi_wr *w)
 		return err;
 	}
 	if (e->d->mr_mode & FI_MR_LOCAL) {
-		err = mr_get(e->d, w->payload - w->h.off, w->h.total, &lraddr, &lkey, &desc);
+		err = ofi_mr_get(e->d, w->payload - w->h.off, w->h.total, &lraddr, &lkey, &desc);
 		if (err < 0) {
 			return err;
 		}
@@ -323,11 +323,11 @@ static int post_write(struct ofi_ep *e, struct ofi_lane *ol, struct ofi_wr *w)
 	return 0;
 }
 
-int send_epoch(struct ofi_ep *e, uint32_t m)
+int ofi_send_epoch(struct ofi_ep *e, uint32_t m)
 {
 	uint8_t b[4] = { (uint8_t)m, (uint8_t)(m >> 8), (uint8_t)(m >> 16), (uint8_t)(m >> 24) };
 
-	return send_msg(e, OFI_M_EPOCH, b, sizeof(b));
+	return ofi_send_msg(e, OFI_M_EPOCH, b, sizeof(b));
 }
 
 /* Sender: ask for the advert of (seq, slot) on the lane's control endpoint, or (a lane of one
@@ -347,7 +347,7 @@ static int request_adv(struct ofi_lane *ol, uint64_t seq, int slot, uint64_t tot
 		    o->ntx_busy >= OFI_NTX - 1 || o->mark_sent < ol->ep_mark) {
 			continue;
 		}
-		if (ep_ctrl_only(o)) {
+		if (ofi_ep_ctrl_only(o)) {
 			best = o; /* nothing queued ahead of it */
 			break;
 		}
@@ -359,7 +359,7 @@ static int request_adv(struct ofi_lane *ol, uint64_t seq, int slot, uint64_t tot
 		return -EAGAIN;
 	}
 	ofi_adv_req_put(&q, body);
-	rc = send_msg(best, OFI_M_ADV_REQ, body, sizeof(body));
+	rc = ofi_send_msg(best, OFI_M_ADV_REQ, body, sizeof(body));
 	if (rc == 0) {
 		ofi_adv_requested(&ol->adv, seq, slot, epoch, rh_now_ms());
 	}
@@ -367,7 +367,7 @@ static int request_adv(struct ofi_lane *ol, uint64_t seq, int slot, uint64_t tot
 }
 
 /* Sender: ask for the adverts of the messages queued next, before their chunks are due. */
-void prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol)
+void ofi_prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol)
 {
 	struct rh_tx_peek pk[OFI_PEEK];
 	int n;
@@ -388,7 +388,7 @@ void prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol)
 }
 
 /* Sender: move chunks that wait for adverts along (request, write, or drop when stale). */
-int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m)
+int ofi_pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m)
 {
 	int rc = 0;
 
@@ -412,7 +412,7 @@ int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m)
 				 * writing it again could land after the receive completed */
 				w->state = WR_FREE;
 				e->nwr_used--;
-				ep_touch(e, 0);
+				ofi_ep_touch(e, 0);
 				continue;
 			}
 			rc = post_write(e, ol, w);

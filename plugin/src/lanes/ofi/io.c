@@ -15,7 +15,7 @@ struct ofi_ep *ofi_pending; /* created by other threads */
 struct ofi_ep *ofi_eps; /* owned by the I/O thread */
 bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
 
-void io_kick(void)
+void ofi_io_kick(void)
 {
 	uint64_t one = 1;
 
@@ -34,11 +34,11 @@ static void on_core(struct ofi_ep *e, const uint8_t *b, size_t len)
 		struct rh_hdr h;
 
 		if (rh_hdr_get(b + o, &h) < 0 || h.len > len - o - RH_HDR_LEN) {
-			ep_fail(e, -EPROTO, "malformed control frame");
+			ofi_ep_fail(e, -EPROTO, "malformed control frame");
 			return;
 		}
 		if (h.type == RH_F_DATA) { /* DATA travels as writes, never here */
-			ep_fail(e, -EPROTO, "DATA frame in a control message");
+			ofi_ep_fail(e, -EPROTO, "DATA frame in a control message");
 			return;
 		}
 		rh_core_rx_ctrl(e->lane, &h, b + o + RH_HDR_LEN);
@@ -54,32 +54,32 @@ static void on_msg(struct ofi_ep *e, const uint8_t *b, size_t len)
 	uint32_t blen;
 
 	if (ofi_mhdr_get(b, len, &kind, &blen) < 0) {
-		ep_fail(e, -EPROTO, "malformed message");
+		ofi_ep_fail(e, -EPROTO, "malformed message");
 		return;
 	}
 	b += OFI_MHDR_LEN;
 	if (kind == OFI_M_HELLO) {
-		on_hello(e, b, blen);
+		ofi_on_hello(e, b, blen);
 		return;
 	}
 	if (kind == OFI_M_HELLO_ACK) {
-		on_hello_ack(e, b, blen);
+		ofi_on_hello_ack(e, b, blen);
 		return;
 	}
 	if (e->st != ES_READY || (e->kind != EK_LANE && e->kind != EK_LANE_IN) ||
 	    atomic_load(&e->fenced)) {
 		return;
 	}
-	ep_touch(e, blen);
+	ofi_ep_touch(e, blen);
 	switch (kind) {
 	case OFI_M_CORE:
 		on_core(e, b, blen);
 		break;
 	case OFI_M_ADV_REQ:
-		on_adv_req(e, b, blen);
+		ofi_on_adv_req(e, b, blen);
 		break;
 	case OFI_M_ADV:
-		on_adv(e, b, blen);
+		ofi_on_adv(e, b, blen);
 		break;
 	case OFI_M_EPOCH:
 		if (blen >= 4) {
@@ -92,7 +92,7 @@ static void on_msg(struct ofi_ep *e, const uint8_t *b, size_t len)
 		}
 		break;
 	case OFI_M_DATA0:
-		on_data0(e, b, blen);
+		ofi_on_data0(e, b, blen);
 		break;
 	default:
 		break;
@@ -109,15 +109,15 @@ static void pump(struct ofi_ep *e)
 	if (!ol || e->st != ES_READY || atomic_load(&e->fenced)) {
 		return;
 	}
-	rc = tx_flush(e);
+	rc = ofi_tx_flush(e);
 	if (rc < 0) {
-		ep_fail(e, rc, "send failed");
+		ofi_ep_fail(e, rc, "send failed");
 		return;
 	}
 	if (rh_core_conn_is_send(c)) {
 		m = rh_core_conn_resume_epoch(c);
 		if (m > e->mark_sent) {
-			if (send_epoch(e, m) < 0) {
+			if (ofi_send_epoch(e, m) < 0) {
 				return; /* no slot: next round */
 			}
 			e->mark_sent = m;
@@ -125,12 +125,12 @@ static void pump(struct ofi_ep *e)
 		if (m > ol->ep_mark) {
 			ol->ep_mark = m;
 		}
-		rc = pump_writes(e, ol, e->mark_sent);
+		rc = ofi_pump_writes(e, ol, e->mark_sent);
 		if (rc < 0) {
-			ep_fail(e, rc, "write failed");
+			ofi_ep_fail(e, rc, "write failed");
 			return;
 		}
-		prefetch_adverts(e, ol);
+		ofi_prefetch_adverts(e, ol);
 	} else {
 		/* receiver: adverts waiting for the gate */
 		uint64_t now = rh_now_ms();
@@ -139,7 +139,7 @@ static void pump(struct ofi_ep *e)
 			struct ofi_rrec *r = &ol->rrec.e[s / RH_MAX_RECVS][s % RH_MAX_RECVS];
 
 			if (r->state == OFI_RREC_PENDING &&
-			    answer_adv(e, r, s % RH_MAX_RECVS, now)) {
+			    ofi_answer_adv(e, r, s % RH_MAX_RECVS, now)) {
 				ol->npending--;
 			}
 			if (e->st == ES_CLOSED) {
@@ -150,11 +150,11 @@ static void pump(struct ofi_ep *e)
 	/* New frames from the core: control batches and chunks. Keep two send slots for the
 	 * lane's own messages. */
 	while (e->st == ES_READY && e->ntx_busy < OFI_NTX - 2 && e->nwr_used < OFI_NWR) {
-		int t = tx_free_slot(e);
+		int t = ofi_tx_free_slot(e);
 		struct rh_tx tx;
 
 		if (t < 0 ||
-		    rh_core_next_tx(e->lane, ep_ctrl_only(e) ? RH_STREAM_CTRL_ONLY : e->idx,
+		    rh_core_next_tx(e->lane, ofi_ep_ctrl_only(e) ? RH_STREAM_CTRL_ONLY : e->idx,
 				    e->tx[t].buf + OFI_MHDR_LEN, OFI_MSG_MAX - OFI_MHDR_LEN,
 				    &tx) <= 0) {
 			break;
@@ -162,9 +162,9 @@ static void pump(struct ofi_ep *e)
 		if (!tx.is_data) {
 			ofi_mhdr_put(e->tx[t].buf, OFI_M_CORE, (uint32_t)tx.ctrl_len);
 			e->tx[t].core_len = tx.ctrl_len;
-			rc = tx_post(e, t, OFI_MHDR_LEN + tx.ctrl_len);
+			rc = ofi_tx_post(e, t, OFI_MHDR_LEN + tx.ctrl_len);
 			if (rc < 0) {
-				ep_fail(e, rc, "send failed");
+				ofi_ep_fail(e, rc, "send failed");
 				return;
 			}
 			continue;
@@ -175,9 +175,9 @@ static void pump(struct ofi_ep *e)
 
 			rh_hdr_get(tx.hdr, &h);
 			if (h.len == 0) {
-				rc = send_msg(e, OFI_M_DATA0, tx.hdr, RH_HDR_LEN);
+				rc = ofi_send_msg(e, OFI_M_DATA0, tx.hdr, RH_HDR_LEN);
 				if (rc < 0) { /* a slot was free: a provider failure */
-					ep_fail(e, rc, "DATA0 send failed");
+					ofi_ep_fail(e, rc, "DATA0 send failed");
 					return;
 				}
 				continue;
@@ -193,9 +193,9 @@ static void pump(struct ofi_ep *e)
 			w->payload = tx.payload;
 			e->nwr_used++;
 		}
-		rc = pump_writes(e, ol, e->mark_sent);
+		rc = ofi_pump_writes(e, ol, e->mark_sent);
 		if (rc < 0) {
-			ep_fail(e, rc, "write failed");
+			ofi_ep_fail(e, rc, "write failed");
 			return;
 		}
 	}
@@ -209,12 +209,12 @@ static void on_cq_entry(struct ofi_ep *e, const struct fi_cq_data_entry *ce)
 		e->last_rx_ms = rh_now_ms();
 	}
 	if ((ce->flags & FI_REMOTE_CQ_DATA) && (ce->flags & (FI_RMA | FI_REMOTE_WRITE))) {
-		on_write(e, ce->data);
+		ofi_on_write(e, ce->data);
 		if (x && x->kind == CTX_RX && e->st != ES_CLOSED) {
-			int rc = post_rx(e, x->idx); /* FI_RX_CQ_DATA consumed it */
+			int rc = ofi_post_rx(e, x->idx); /* FI_RX_CQ_DATA consumed it */
 
 			if (rc < 0) {
-				ep_fail(e, rc, "cannot post a receive");
+				ofi_ep_fail(e, rc, "cannot post a receive");
 			}
 		}
 		return;
@@ -226,10 +226,10 @@ static void on_cq_entry(struct ofi_ep *e, const struct fi_cq_data_entry *ce)
 	case CTX_RX:
 		on_msg(e, e->rx[x->idx].buf, ce->len);
 		if (e->st != ES_CLOSED) {
-			int rc = post_rx(e, x->idx);
+			int rc = ofi_post_rx(e, x->idx);
 
 			if (rc < 0) {
-				ep_fail(e, rc, "cannot post a receive");
+				ofi_ep_fail(e, rc, "cannot post a receive");
 			}
 		}
 		break;
@@ -248,9 +248,9 @@ static void on_cq_entry(struct ofi_ep *e, const struct fi_cq_data_entry *ce)
 		if (core_len && e->lane) {
 			rh_core_ctrl_written(e->lane, core_len);
 		}
-		ep_touch(e, core_len);
+		ofi_ep_touch(e, core_len);
 		if (e->kind == EK_PROBE_REPLY) {
-			ep_close(e);
+			ofi_ep_close(e);
 		}
 		break;
 	}
@@ -258,7 +258,7 @@ static void on_cq_entry(struct ofi_ep *e, const struct fi_cq_data_entry *ce)
 		struct ofi_wr *w = &e->wr[x->idx];
 
 		if (w->state == WR_POSTED) {
-			ep_touch(e, w->h.len);
+			ofi_ep_touch(e, w->h.len);
 			w->state = WR_FREE;
 			e->nwr_used--;
 			atomic_fetch_sub(&e->outstanding, 1);
@@ -286,14 +286,14 @@ static bool poll_cq(struct ofi_ep *e)
 			struct fi_cq_err_entry err = { 0 };
 
 			if (fi_cq_readerr(e->cq, &err, 0) <= 0) {
-				ep_fail(e, -EIO, "unreadable completion error");
+				ofi_ep_fail(e, -EIO, "unreadable completion error");
 			} else if (err.err != FI_ECANCELED) {
-				ep_fail(e, err.err ? -(int)err.err : -EIO, "completion error");
+				ofi_ep_fail(e, err.err ? -(int)err.err : -EIO, "completion error");
 			}
 			return true;
 		}
 		if (n < 0) {
-			ep_fail(e, fi_err(n), "CQ read failed");
+			ofi_ep_fail(e, fi_err(n), "CQ read failed");
 			return true;
 		}
 		for (ssize_t i = 0; i < n && e->st != ES_CLOSED; i++) {
@@ -321,21 +321,21 @@ static bool poll_eq(struct ofi_ep *e)
 		struct fi_eq_err_entry err = { 0 };
 
 		fi_eq_readerr(e->eq, &err, 0);
-		ep_fail(e, err.err ? -err.err : -ECONNREFUSED, "connection failed");
+		ofi_ep_fail(e, err.err ? -err.err : -ECONNREFUSED, "connection failed");
 		return true;
 	}
 	if (n < 0) {
-		ep_fail(e, fi_err(n), "EQ read failed");
+		ofi_ep_fail(e, fi_err(n), "EQ read failed");
 		return true;
 	}
 	if (ev == FI_CONNECTED) {
 		if (e->st == ES_CONNECTING && e->hello) {
-			int rc = send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
+			int rc = ofi_send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
 
 			free(e->hello);
 			e->hello = NULL;
 			if (rc < 0) {
-				ep_fail(e, rc, "cannot send the hello");
+				ofi_ep_fail(e, rc, "cannot send the hello");
 				return true;
 			}
 			e->st = ES_HELLO_WAIT;
@@ -350,11 +350,11 @@ static bool poll_eq(struct ofi_ep *e)
 		    (e->kind == EK_LANE || e->kind == EK_LANE_IN)) {
 			e->failed = true;
 			rh_core_stream_eof(e->lane); /* the core decides: BYE seen or a failure */
-			ep_close(e);
+			ofi_ep_close(e);
 		} else if (e->kind == EK_PROBE_REPLY || e->kind == EK_ACCEPTED) {
-			ep_close(e);
+			ofi_ep_close(e);
 		} else if (e->st != ES_CLOSED) {
-			ep_fail(e, -ECONNRESET, "peer closed");
+			ofi_ep_fail(e, -ECONNRESET, "peer closed");
 		}
 	}
 	return true;
@@ -388,15 +388,15 @@ static bool poll_pep(struct ofi_dom *d, int nic)
 	if (ev != FI_CONNREQ) {
 		return true; /* no other event carries anything for a passive endpoint */
 	}
-	e = ep_new(EK_ACCEPTED, nic);
+	e = ofi_ep_new(EK_ACCEPTED, nic);
 	if (!e) {
 		fi_reject(d->pep, ent.info->handle, NULL, 0);
-		lf_freeinfo(ent.info);
+		ofi_lf_freeinfo(ent.info);
 		return true;
 	}
 	e->cinfo = ent.info;
 	e->deadline_ms = rh_now_ms() + OFI_ACCEPT_MS;
-	rc = ep_setup(e, ent.info);
+	rc = ofi_ep_setup(e, ent.info);
 	if (!rc) {
 		rc = fi_err(fi_accept(e->ep, NULL, 0));
 	}
@@ -404,7 +404,7 @@ static bool poll_pep(struct ofi_dom *d, int nic)
 	e->next = ofi_eps;
 	ofi_eps = e;
 	if (rc) {
-		ep_close(e);
+		ofi_ep_close(e);
 	}
 	return true;
 }
@@ -427,7 +427,7 @@ static bool io_pass(uint64_t now)
 				continue;
 			}
 		}
-		ep_close(e);
+		ofi_ep_close(e);
 		busy = true;
 	}
 	for (int i = 0; i < rh_core_nic_count(); i++) {
@@ -443,7 +443,7 @@ static bool io_pass(uint64_t now)
 		busy |= poll_cq(e);
 		if (e->st != ES_CLOSED && e->deadline_ms && now > e->deadline_ms &&
 		    e->st != ES_READY) {
-			ep_fail(e, -ETIMEDOUT, "handshake timed out");
+			ofi_ep_fail(e, -ETIMEDOUT, "handshake timed out");
 			continue;
 		}
 		pump(e);
@@ -453,7 +453,7 @@ static bool io_pass(uint64_t now)
 
 		if (e->st == ES_CLOSED) {
 			*pp = e->next;
-			ep_free(e);
+			ofi_ep_free(e);
 			continue;
 		}
 		pp = &e->next;
@@ -510,7 +510,7 @@ static void io_wait(void)
 	}
 }
 
-void *io_main(void *arg)
+void *ofi_io_main(void *arg)
 {
 	(void)arg;
 	while (!atomic_load(&ofi_io_stop)) {
@@ -525,7 +525,7 @@ void *io_main(void *arg)
 			struct ofi_ep *e = list;
 
 			list = e->next;
-			ep_start(e);
+			ofi_ep_start(e);
 		}
 		busy = io_pass(rh_now_ms());
 		if (!busy) {

@@ -18,12 +18,12 @@
  * buffer + offset: the data is already in place, nothing is copied).
  *
  * The files of this directory, one per phase:
- *   shim.c      libfabric loaded at run time (dlopen), called through lf_*() wrappers
+ *   shim.c      libfabric loaded at run time (dlopen), called through ofi_lf_*() wrappers
  *   domain.c    one provider domain per NIC, its passive endpoint, the registration cache
  *   endpoint.c  endpoints: create, connect, send slots, handshake, close
  *   fence.c     adverts and one-sided writes, with the four rules of the fence (THE FENCE)
  *   io.c        the I/O thread, message dispatch, the pump, completion and event queues
- *   ops.c       the lane_ops table (rh_ofi_ops)
+ *   ops.c       the lane_ops table (ofi_lane_ops)
  *   proto.c     the pure bookkeeping they share (unit-tested): immediates, messages, tables
  *
  * Threading: one I/O thread owns every endpoint, CQ and EQ (it is the only caller of
@@ -68,15 +68,15 @@
 #include "proto.h"
 
 /* shim.c: the five library symbols (every other fi_* call is an inline wrapper around the
- * objects' operation tables). lf_load() is false when libfabric.so.1 is missing. */
-bool lf_load(void); /* counted: each true return needs its lf_unload() */
-void lf_unload(void);
-int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
-	       const struct fi_info *hints, struct fi_info **info);
-void lf_freeinfo(struct fi_info *info);
-struct fi_info *lf_dupinfo(const struct fi_info *info);
-int lf_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
-const char *lf_strerror(int errnum);
+ * objects' operation tables). ofi_lf_load() is false when libfabric.so.1 is missing. */
+bool ofi_lf_load(void); /* counted: each true return needs its ofi_lf_unload() */
+void ofi_lf_unload(void);
+int ofi_lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+		   const struct fi_info *hints, struct fi_info **info);
+void ofi_lf_freeinfo(struct fi_info *info);
+struct fi_info *ofi_lf_dupinfo(const struct fi_info *info);
+int ofi_lf_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+const char *ofi_lf_strerror(int errnum);
 
 #define OFI_API FI_VERSION(1, 10)
 #define OFI_MAX_DATA 4 /* data endpoints per lane */
@@ -229,50 +229,50 @@ static inline int fi_err(ssize_t rc)
 
 /* domain.c */
 extern struct ofi_dom ofi_doms[RH_MAX_NICS];
-int dom_open(int nic);
-void dom_close(int nic);
-int mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
-	   void **desc);
+int ofi_dom_open(int nic);
+void ofi_dom_close(int nic);
+int ofi_mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr, uint64_t *key,
+	       void **desc);
 void ofi_forget(const void *addr, size_t size);
 
 /* endpoint.c */
-void ep_close(struct ofi_ep *e);
-bool ep_ctrl_only(const struct ofi_ep *e);
-void ep_fail(struct ofi_ep *e, int err, const char *why);
-void ep_free(struct ofi_ep *e);
-struct ofi_ep *ep_new(enum ep_kind kind, int nic);
-void ep_push(struct ofi_ep *e);
-int ep_setup(struct ofi_ep *e, struct fi_info *info);
-void ep_start(struct ofi_ep *e);
-void ep_touch(struct ofi_ep *e, uint64_t bytes);
-void on_hello(struct ofi_ep *e, const uint8_t *b, size_t len);
-void on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len);
-int post_rx(struct ofi_ep *e, int i);
-int send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len);
-int tx_flush(struct ofi_ep *e);
-int tx_free_slot(struct ofi_ep *e);
-int tx_post(struct ofi_ep *e, int i, size_t len);
+void ofi_ep_close(struct ofi_ep *e);
+bool ofi_ep_ctrl_only(const struct ofi_ep *e);
+void ofi_ep_fail(struct ofi_ep *e, int err, const char *why);
+void ofi_ep_free(struct ofi_ep *e);
+struct ofi_ep *ofi_ep_new(enum ep_kind kind, int nic);
+void ofi_ep_push(struct ofi_ep *e);
+int ofi_ep_setup(struct ofi_ep *e, struct fi_info *info);
+void ofi_ep_start(struct ofi_ep *e);
+void ofi_ep_touch(struct ofi_ep *e, uint64_t bytes);
+void ofi_on_hello(struct ofi_ep *e, const uint8_t *b, size_t len);
+void ofi_on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len);
+int ofi_post_rx(struct ofi_ep *e, int i);
+int ofi_send_msg(struct ofi_ep *e, enum ofi_mkind kind, const void *body, size_t len);
+int ofi_tx_flush(struct ofi_ep *e);
+int ofi_tx_free_slot(struct ofi_ep *e);
+int ofi_tx_post(struct ofi_ep *e, int i, size_t len);
 
 /* fence.c */
-bool answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now);
-void on_adv(struct ofi_ep *e, const uint8_t *b, size_t len);
-void on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len);
-void on_data0(struct ofi_ep *e, const uint8_t *b, size_t len);
-void on_write(struct ofi_ep *e, uint64_t imm);
-void prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol);
-int pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m);
-int send_epoch(struct ofi_ep *e, uint32_t m);
+bool ofi_answer_adv(struct ofi_ep *e, struct ofi_rrec *r, int slot, uint64_t now);
+void ofi_on_adv(struct ofi_ep *e, const uint8_t *b, size_t len);
+void ofi_on_adv_req(struct ofi_ep *e, const uint8_t *b, size_t len);
+void ofi_on_data0(struct ofi_ep *e, const uint8_t *b, size_t len);
+void ofi_on_write(struct ofi_ep *e, uint64_t imm);
+void ofi_prefetch_adverts(struct ofi_ep *e, struct ofi_lane *ol);
+int ofi_pump_writes(struct ofi_ep *e, struct ofi_lane *ol, uint32_t m);
+int ofi_send_epoch(struct ofi_ep *e, uint32_t m);
 
 /* io.c: the I/O thread's state (ofi_pending under ofi_pend_mu, the rest its own) */
 extern pthread_t ofi_io_thread;
-extern atomic_bool ofi_io_stop; /* io_main returns */
+extern atomic_bool ofi_io_stop; /* ofi_io_main returns */
 extern int ofi_epfd, ofi_evfd;
 extern atomic_bool ofi_kicked;
 extern pthread_mutex_t ofi_pend_mu;
 extern struct ofi_ep *ofi_pending; /* created by other threads */
 extern struct ofi_ep *ofi_eps; /* owned by the I/O thread */
 extern bool ofi_wait_fds; /* the provider gives FI_WAIT_FD wait objects */
-void io_kick(void);
-void *io_main(void *arg);
+void ofi_io_kick(void);
+void *ofi_io_main(void *arg);
 
 #endif

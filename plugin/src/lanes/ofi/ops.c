@@ -16,7 +16,7 @@ static int ofi_start(int nthreads)
 	int rc;
 
 	(void)nthreads; /* one I/O thread: libfabric providers progress on their own */
-	if (!lf_load()) {
+	if (!ofi_lf_load()) {
 		WARN("RAILHOP_TRANSPORT=ofi, but libfabric.so.1 cannot be loaded (install libfabric1)");
 		return -ELIBACC;
 	}
@@ -29,7 +29,7 @@ static int ofi_start(int nthreads)
 	}
 	atomic_store(&ofi_kicked, false);
 	atomic_store(&ofi_io_stop, false);
-	rc = pthread_create(&ofi_io_thread, NULL, io_main, NULL);
+	rc = pthread_create(&ofi_io_thread, NULL, ofi_io_main, NULL);
 	if (rc != 0) {
 		return -rc;
 	}
@@ -46,7 +46,7 @@ static void ofi_stop(void)
 	if (io_started) {
 		atomic_store(&ofi_io_stop, true);
 		atomic_store(&ofi_kicked, false);
-		io_kick();
+		ofi_io_kick();
 		pthread_join(ofi_io_thread, NULL);
 		io_started = false;
 	}
@@ -65,11 +65,11 @@ static void ofi_stop(void)
 			break;
 		}
 		atomic_store(&e->fenced, true);
-		ep_close(e);
-		ep_free(e);
+		ofi_ep_close(e);
+		ofi_ep_free(e);
 	}
 	for (int i = 0; i < RH_MAX_NICS; i++) {
-		dom_close(i);
+		ofi_dom_close(i);
 	}
 	if (ofi_epfd >= 0) {
 		close(ofi_epfd);
@@ -81,7 +81,7 @@ static void ofi_stop(void)
 	}
 	if (lf_held) {
 		lf_held = false;
-		lf_unload();
+		ofi_lf_unload();
 	}
 }
 
@@ -94,7 +94,7 @@ static int ofi_listen(int nic)
 	size_t len = sizeof(sa);
 	int rc;
 
-	CHECK(dom_open(nic));
+	CHECK(ofi_dom_open(nic));
 	rc = fi_eq_open(d->fabric, &eqa, &d->peq, NULL);
 	if (rc == -FI_ENOSYS || rc == -FI_EINVAL) {
 		eqa.wait_obj = FI_WAIT_NONE;
@@ -114,7 +114,8 @@ static int ofi_listen(int nic)
 		rc = fi_getname(&d->pep->fid, &sa, &len);
 	}
 	if (rc) {
-		WARN("ofi: cannot listen on %s: %s", rh_core_nic(nic)->ifname, lf_strerror(-rc));
+		WARN("ofi: cannot listen on %s: %s", rh_core_nic(nic)->ifname,
+		     ofi_lf_strerror(-rc));
 		return fi_err(rc);
 	}
 	if (ofi_wait_fds) {
@@ -128,7 +129,7 @@ static int ofi_listen(int nic)
 	rh_core_nic(nic)->port = sa.sin_port;
 	INFO("ofi: lane listener on %s port %u", rh_core_nic(nic)->ifname, ntohs(sa.sin_port));
 	atomic_store_explicit(&d->served, true, memory_order_release);
-	io_kick();
+	ofi_io_kick();
 	return 0;
 }
 
@@ -175,7 +176,7 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		return -ENOMEM;
 	}
 	for (int i = 0; i < n; i++) {
-		e[i] = ep_new(EK_LANE, lane->lnic);
+		e[i] = ofi_ep_new(EK_LANE, lane->lnic);
 		h.stream = (uint8_t)i;
 		h.nstreams = (uint8_t)n;
 		if (!e[i] || !(e[i]->hello = hello_msg(&h, conn_id, epoch, &e[i]->hello_len))) {
@@ -189,7 +190,7 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 			}
 			for (int k = 0; k < n; k++) {
 				if (e[k]) {
-					ep_free(e[k]);
+					ofi_ep_free(e[k]);
 				}
 			}
 			free(ol);
@@ -207,13 +208,13 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		e[i]->port = port;
 		ol->st.s[i] = e[i];
 		ol->st.live++;
-		ep_push(e[i]);
+		ofi_ep_push(e[i]);
 	}
 	return 0;
 fail:
 	for (int k = 0; k < n; k++) {
 		if (e[k]) {
-			ep_free(e[k]);
+			ofi_ep_free(e[k]);
 		}
 	}
 	free(ol);
@@ -229,7 +230,7 @@ static int ofi_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 	if (!ofi_doms[lnic].ok) {
 		return -ENODEV;
 	}
-	e = ep_new(EK_PROBE_OUT, lnic);
+	e = ofi_ep_new(EK_PROBE_OUT, lnic);
 	if (!e) {
 		return -ENOMEM;
 	}
@@ -244,14 +245,14 @@ static int ofi_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port,
 	e->ip = ip;
 	e->port = port;
 	e->deadline_ms = rh_now_ms() + (uint64_t)timeout_ms;
-	ep_push(e);
+	ofi_ep_push(e);
 	return 0;
 }
 
 static void ofi_kick(struct rh_lane *lane)
 {
 	if (lane->tp) {
-		io_kick();
+		ofi_io_kick();
 	}
 }
 
@@ -269,7 +270,7 @@ static void ofi_fence(struct rh_lane *lane)
 			atomic_store(&ol_ep(ol, i)->fenced, true);
 		}
 	}
-	io_kick();
+	ofi_io_kick();
 }
 
 /* Lane level, unlike TCP's per-stream test: progress comes in whole operations here (a
@@ -294,7 +295,7 @@ static bool ofi_stalled(struct rh_lane *lane, uint64_t now, int timeout_ms)
 		if (!e || e->st != ES_READY) {
 			continue;
 		}
-		g = ep_ctrl_only(e) ? 0 : 1;
+		g = ofi_ep_ctrl_only(e) ? 0 : 1;
 		busy[g] |= atomic_load(&e->outstanding) > 0;
 		p[g] += atomic_load(&e->progress);
 	}
@@ -322,11 +323,11 @@ static bool ofi_lost(struct rh_lane *lane, uint64_t quiet_ms)
 		struct ofi_ep *e = ol_ep(ol, i);
 		struct tcp_info ti;
 
-		if (!e || e->st != ES_READY || !e->lport || !e->rport || ep_ctrl_only(e) ||
-		    rh_tcp_info_by_addr(e->lip, e->lport, e->rip, e->rport, &ti) < 0) {
+		if (!e || e->st != ES_READY || !e->lport || !e->rport || ofi_ep_ctrl_only(e) ||
+		    tcp_info_by_addr(e->lip, e->lport, e->rip, e->rport, &ti) < 0) {
 			continue;
 		}
-		if (rh_tcp_info_lost(&ti, quiet_ms)) {
+		if (tcp_info_lost(&ti, quiet_ms)) {
 			return true;
 		}
 	}
@@ -363,7 +364,7 @@ static int ofi_ports(struct rh_lane *lane, uint16_t *lports, uint16_t *rports, i
 	return n;
 }
 
-const struct lane_ops rh_ofi_ops = {
+const struct lane_ops ofi_lane_ops = {
 	.name = "ofi",
 	.start = ofi_start,
 	.stop = ofi_stop,

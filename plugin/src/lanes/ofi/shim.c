@@ -2,7 +2,7 @@
 /*
  * ofi lanes, the dlopen shim: libfabric is loaded at run time, so the plugin still loads (and
  * runs TCP lanes) on hosts without it. Only five functions are library symbols; the lanes call
- * them through the lf_*() wrappers below (never under libfabric's own names, which would bind
+ * them through the ofi_lf_*() wrappers below (never under libfabric's own names, which would bind
  * to symbols the plugin does not link). Every other fi_* call is an inline wrapper around the
  * objects' operation tables.
  */
@@ -82,7 +82,7 @@ static bool lf_open_locked(void)
 	return true;
 }
 
-bool lf_load(void)
+bool ofi_lf_load(void)
 {
 	bool ok;
 
@@ -95,7 +95,7 @@ bool lf_load(void)
 	return ok;
 }
 
-void lf_unload(void)
+void ofi_lf_unload(void)
 {
 	pthread_mutex_lock(&lf_mu);
 	if (lf_users > 0 && --lf_users == 0 && lf_handle) {
@@ -112,30 +112,30 @@ void lf_unload(void)
 	pthread_mutex_unlock(&lf_mu);
 }
 
-/* The wrappers are only called between lf_load() returning true and the matching lf_unload()
+/* The wrappers are only called between ofi_lf_load() returning true and the matching ofi_lf_unload()
  * (ofi_start .. ofi_stop, or the provider check). */
-int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
-	       const struct fi_info *hints, struct fi_info **info)
+int ofi_lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+		   const struct fi_info *hints, struct fi_info **info)
 {
 	return lf.getinfo(version, node, service, flags, hints, info);
 }
 
-void lf_freeinfo(struct fi_info *info)
+void ofi_lf_freeinfo(struct fi_info *info)
 {
 	lf.freeinfo(info);
 }
 
-struct fi_info *lf_dupinfo(const struct fi_info *info)
+struct fi_info *ofi_lf_dupinfo(const struct fi_info *info)
 {
 	return lf.dupinfo(info);
 }
 
-int lf_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context)
+int ofi_lf_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context)
 {
 	return lf.fabric(attr, fabric, context);
 }
 
-const char *lf_strerror(int errnum)
+const char *ofi_lf_strerror(int errnum)
 {
 	return lf.strerror(errnum);
 }

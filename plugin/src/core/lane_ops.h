@@ -22,16 +22,16 @@
  * WITHOUT the connection lock held; lane_ops callbacks marked "locked" are called by the core
  * with the connection lock held and must not block or call back into the core.
  */
-#ifndef RH_LANE_OPS_H
-#define RH_LANE_OPS_H
+#ifndef RH_CORE_LANE_OPS_H
+#define RH_CORE_LANE_OPS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/lane_state.h"
-#include "../core/wire.h"
 #include "../nic.h"
+#include "lane_state.h"
+#include "wire.h"
 
 struct rh_conn;
 
@@ -219,11 +219,24 @@ int rh_core_stream_attach(struct rh_lane *lane, int idx, int max, void *s, size_
 void rh_core_stream_detach(struct rh_conn *conn, struct rh_lane *lane, int idx, void *s,
 			   void (*release)(void *tp));
 
-/* --- Transport choice (lanes/lanes.c) --- */
+/* --- Registration (the assembly point, api_nccl.c) --- */
 
-/* The transport for this process: RAILHOP_TRANSPORT=tcp|ofi forces one, auto takes libfabric
- * only where an RDMA-class provider is found; logs why. NULL: the one asked for is not
- * available (a clear error at init, never a silent fallback). */
-const struct lane_ops *rh_lanes_choose(void);
+/* The core never names a transport: the assembly point hands it a picker before the first
+ * rh_init() (as the agent glue hands it struct rh_ctl_hooks). pick() runs at every start of
+ * the plugin, after the parameters are loaded and before any lane exists, under the core's
+ * lifecycle lock; it returns the transport to use, or NULL when the one asked for is not
+ * available (having logged why). NULL pick (the default): init fails, "no transport
+ * registered". */
+typedef const struct lane_ops *(*rh_transport_pick_fn)(void);
+void rh_core_set_transport(rh_transport_pick_fn pick);
+/* Check ops as the Linux RDMA core checks a device at registration: a name and every
+ * mandatory callback (start, listen, open, kick, fence, stalled, probe; stop, lost, progress,
+ * ports and forget are optional) present. 0, or -EINVAL with one WARN naming the transport and
+ * the callbacks it lacks (msg, when not NULL, receives the same text, cap bytes). */
+int rh_core_check_ops(const struct lane_ops *ops, char *msg, size_t cap);
+/* Check ops (rh_core_check_ops) and make it the transport of every lane opened from now on:
+ * what start does with pick()'s answer, and what a unit test driving the core without the
+ * plugin's lifecycle calls. Never while the plugin runs with another transport (-EBUSY). */
+int rh_core_register_ops(const struct lane_ops *ops);
 
 #endif
