@@ -603,12 +603,23 @@ static void test_lost_failback_reactivates_retired_lanes(void)
 		h.conn_id = c->id;
 		h.epoch = c->epoch + 1;
 		h.len = (uint32_t)len;
-		rh_fo_on_resume(c, &h, buf);
+		EXPECT_EQ(rh_resume_apply(c, &h, buf), 0);
 		EXPECT_EQ(lane_state(c, p2->id), RH_LANE_DEAD);
 		EXPECT(c->fo.primary_lost);
 		EXPECT_EQ(b->state, RH_LANE_ACTIVE);
 		EXPECT(rh_sched_lane_may_carry(b->state, b->retire_gen, RH_GEN_NEW));
 		EXPECT(c->ctrl_lane == b);
+		EXPECT_EQ(c->err, 0);
+		/* a record that does not parse is refused and logged, nothing else changes; the
+		 * same RESUME again is stale */
+		h.epoch = c->epoch + 1;
+		h.len = 2;
+		memset(buf, 0xff, 2);
+		EXPECT_EQ(rh_resume_apply(c, &h, buf), -EPROTO);
+		EXPECT_EQ(c->err, 0);
+		EXPECT_EQ(b->state, RH_LANE_ACTIVE);
+		h.epoch = c->resume_epoch;
+		EXPECT_EQ(rh_resume_apply(c, &h, buf), 0);
 		EXPECT_EQ(c->err, 0);
 	}
 	pthread_mutex_unlock(&c->mu);

@@ -271,6 +271,16 @@ void rh_conn_fence_lane(struct rh_conn *c, struct rh_lane *l)
 	}
 }
 
+struct rh_lane *rh_conn_lane_by_id(struct rh_conn *c, uint32_t id)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->id == id) {
+			return c->lanes[i];
+		}
+	}
+	return NULL;
+}
+
 int rh_conn_active_lanes(struct rh_conn *c)
 {
 	int n = 0;

@@ -242,6 +242,7 @@ int rh_conn_queue_ctrl(struct rh_conn *c, struct rh_hdr *h, const uint8_t *p,
 		       size_t len); /* locked */
 void rh_conn_fail(struct rh_conn *c, int err, const char *why); /* locked */
 int rh_conn_active_lanes(struct rh_conn *c); /* locked */
+struct rh_lane *rh_conn_lane_by_id(struct rh_conn *c, uint32_t id); /* locked; NULL: none */
 void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h);
 /* Take a peer's epoch e (a hello, FAILREQ, RESUME): false when it is out of bounds
  * (rh_epoch_ok), which the caller treats as a protocol error of the lane it came on. */
@@ -277,11 +278,20 @@ void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */
 void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
-void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
-/* A RESUME arrived: the sender applies it (replay), the receiver answers it. Errors (an
- * allocation, the epoch space, a record that does not parse) fail the lane or the connection
- * with the reason logged. */
-void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* The original pair carries traffic (a primary lane neither dead nor retired). */
+bool rh_fo_primary_alive(struct rh_conn *c); /* locked */
+/* Retired lanes not yet closed (DRAINING, no BYE sent) carry traffic again; returns how many. */
+int rh_fo_reactivate_retired(struct rh_conn *c); /* locked */
+
+/* resume.c: the resume protocol */
+/* Receiver: a FAILREQ arrived: fence the lanes it names dead, start a new epoch, answer with
+ * the completion record. */
+void rh_resume_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* Sender: a RESUME arrived: fence the lanes it names dead, take the receiver's records, queue
+ * the replay (or wait for the answer to our own FAILREQ). 0 (applied, stale or waiting),
+ * -EPROTO (the record does not parse: ignored, logged), -ENOMEM (the caller fails the
+ * connection: the move cannot be applied). */
+int rh_resume_apply(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
 
 /* backup.c: choose the (local, remote) pair of a new connection, avoiding NICs known down;
  * rank candidate backup pairs (excluding pairs in use and, unless ignore_bad, pairs that failed

@@ -353,7 +353,12 @@ static void apply_bye_record(struct rh_conn *c, const struct rh_hdr *h, const ui
 {
 	struct rh_resume *r;
 
-	if (!h->len || !(r = malloc(sizeof(*r)))) {
+	if (!h->len) {
+		return;
+	}
+	r = malloc(sizeof(*r));
+	if (!r) {
+		rh_conn_fail(c, -ENOMEM, "no memory to apply the closing receiver's record");
 		return;
 	}
 	if (rh_resume_get(p, h->len, r) == 0) {
@@ -803,13 +808,13 @@ void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p
 		}
 		break;
 	case RH_F_RESUME:
-		if (c->is_send) {
-			rh_fo_on_resume(c, h, p);
+		if (c->is_send && rh_resume_apply(c, h, p) == -ENOMEM) {
+			rh_conn_fail(c, -ENOMEM, "no memory to apply the receiver's RESUME");
 		}
 		break;
 	case RH_F_FAILREQ:
 		if (!c->is_send) {
-			rh_fo_on_failreq(c, h, p);
+			rh_resume_on_failreq(c, h, p);
 		}
 		break;
 	case RH_F_BYE:

@@ -2,12 +2,12 @@
 /*
  * Failover: detection (transport errors, no progress within the completion timeout confirmed
  * by a probe, local NIC down), backup choice (rank.c) with spreading, the resume protocol
- * (FAILREQ -> RESUME -> replay of every unacknowledged message), fail-back with flap damping,
+ * (FAILREQ -> RESUME -> replay of every unacknowledged message: resume.c), fail-back with flap damping,
  * and escalation when no compatible pair is left.
  *
- * The data path calls in here at few points: a lane error, a lane coming up, a probe result,
- * the RESUME/FAILREQ control frames, and the periodic tick. All functions run with the
- * connection lock held.
+ * The data path calls in here at few points: a lane error, a lane coming up, a probe result
+ * and the periodic tick; the RESUME/FAILREQ control frames go to resume.c. All functions run
+ * with the connection lock held.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,7 +52,7 @@ static int count_state(struct rh_conn *c, enum rh_lane_state st)
 	return n;
 }
 
-static bool primary_alive(struct rh_conn *c)
+bool rh_fo_primary_alive(struct rh_conn *c)
 {
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
@@ -74,7 +74,7 @@ static bool primary_alive(struct rh_conn *c)
  * the new primary gone and nothing else ACTIVE the connection would move nothing until the next
  * fail-back probe answered (up to FAILBACK_MAX_BACKOFF apart: 33-48 s gaps in the long soak,
  * bench/soak.py). A lane whose BYE went out is closing and stays retired. */
-static int reactivate_retired(struct rh_conn *c)
+int rh_fo_reactivate_retired(struct rh_conn *c)
 {
 	int n = 0;
 
@@ -97,10 +97,10 @@ static void open_backups(struct rh_conn *c)
 	uint64_t now = rh_now_ms();
 	int want, have, n, deadline = 2 * (int)rh_param.PROBE_TIMEOUT;
 
-	if (primary_alive(c)) {
+	if (rh_fo_primary_alive(c)) {
 		return;
 	}
-	reactivate_retired(c);
+	rh_fo_reactivate_retired(c);
 	/* Count lanes that can carry the moved traffic: not ones the peer is still opening
 	 * towards us (they may never complete), not ones already without progress (they may be
 	 * silently dead too). */
@@ -167,16 +167,6 @@ static void open_backups(struct rh_conn *c)
 				now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 		}
 	}
-}
-
-static struct rh_lane *lane_by_id(struct rh_conn *c, uint32_t id)
-{
-	for (int i = 0; i < c->nlanes; i++) {
-		if (c->lanes[i]->id == id) {
-			return c->lanes[i];
-		}
-	}
-	return NULL;
 }
 
 static void send_notify(struct rh_conn *c)
@@ -398,7 +388,7 @@ void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
 	}
 	if (cookie == c->fo.failback_cookie) {
 		c->fo.failback_cookie = 0;
-		if (!ok || !c->fo.primary_lost || primary_alive(c)) {
+		if (!ok || !c->fo.primary_lost || rh_fo_primary_alive(c)) {
 			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
 			return;
 		}
@@ -435,239 +425,6 @@ void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok)
 			rh_fo_lane_failed(c, l, -ETIMEDOUT, "no progress, probe failed");
 		}
 	}
-}
-
-static int cmp_sreq(const void *a, const void *b)
-{
-	const struct rh_sreq *x = *(struct rh_sreq *const *)a, *y = *(struct rh_sreq *const *)b;
-
-	if (x->seq != y->seq) {
-		return x->seq < y->seq ? -1 : 1;
-	}
-	return x->slot - y->slot;
-}
-
-void rh_fo_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
-{
-	uint32_t dead[RH_MAX_DEAD];
-	int ndead = 0;
-
-	if (rh_dead_get(p, h->len, &ndead, dead) < 0) {
-		return;
-	}
-	for (int k = 0; k < ndead; k++) {
-		for (int i = 0; i < c->nlanes; i++) {
-			if (c->lanes[i]->id == dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
-				/* The peer timed out on it: this NIC's agent hears of it too, marked
-				 * EREMOTEIO (seen by the peer: the fault may be at its end, so it is
-				 * suspicion of this NIC, not evidence against it). */
-				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -EREMOTEIO,
-						   0, 0);
-				rh_conn_fence_lane(c, c->lanes[i]);
-			}
-		}
-	}
-	if (!rh_conn_epoch_take(c, h->epoch) || rh_conn_epoch_bump(c) < 0) {
-		return; /* rh_core_rx_ctrl checked the bound: only exhaustion gets here */
-	}
-	rh_conn_queue_resume(c, true);
-	if (!c->fo.active && !c->fo.await_first) {
-		/* moved because the peer detected it: this side's marks start here */
-		rh_marks_start(c, ndead ? lane_by_id(c, dead[0]) : NULL, -EREMOTEIO,
-			       "the peer lost the lane");
-	}
-	if (!c->fo.active) {
-		RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), (uint64_t)0);
-		rh_marks_moved(c, 0);
-	}
-	INFO("conn %016llx (recv): peer asked to resume, epoch %u", (unsigned long long)c->id,
-	     c->epoch);
-}
-
-/* Replay of s starts at its first chunk the receiver has not placed; the receiver's runs are
- * kept only when they fit the message (a record from a confused peer replays everything). */
-static void take_placed_runs(struct rh_conn *c, struct rh_sreq *s, const struct rh_run *runs,
-			     int nruns)
-{
-	uint64_t end = nruns ? (uint64_t)runs[nruns - 1].start + runs[nruns - 1].count : 0;
-
-	(void)c;
-	s->nskip = 0;
-	if (nruns > 0 && end <= s->nchunks && rh_sched_skip_placed(runs, nruns, 0) < s->nchunks) {
-		memcpy(s->skip, runs, sizeof(runs[0]) * (size_t)nruns);
-		s->nskip = nruns;
-	}
-}
-
-static uint64_t replay_bytes(struct rh_conn *c, struct rh_sreq *s)
-{
-	uint64_t skipped = rh_sched_runs_chunks(s->skip, s->nskip) * c->chunk;
-
-	s->next_chunk = rh_sched_skip_placed(s->skip, s->nskip, 0);
-	/* every chunk is full but the last one, which a run may cover */
-	if (s->nskip &&
-	    (uint64_t)s->skip[s->nskip - 1].start + s->skip[s->nskip - 1].count == s->nchunks) {
-		skipped -= s->nchunks * c->chunk - s->size;
-	}
-	return s->size - skipped;
-}
-
-void rh_fo_on_resume(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
-{
-	struct rh_resume *r;
-	struct rh_sreq *list[RH_RING * RH_MAX_RECVS];
-	int n = 0, replayed = 0, acked = 0;
-	uint64_t replayed_bytes = 0;
-
-	if (h->epoch < c->resume_epoch || (h->epoch == c->resume_epoch && !c->await_resume)) {
-		return;
-	}
-	r = malloc(sizeof(*r));
-	if (!r) {
-		return;
-	}
-	if (rh_resume_get(p, h->len, r) < 0) {
-		WARN("malformed RESUME record");
-		free(r);
-		return;
-	}
-	if (!c->fo.active && !c->fo.await_first) {
-		/* the receiver moved on its own: this side's marks start here */
-		rh_marks_start(c, r->ndead ? lane_by_id(c, r->dead[0]) : NULL, -EREMOTEIO,
-			       "the peer lost the lane");
-	}
-	for (int k = 0; k < r->ndead; k++) {
-		for (int i = 0; i < c->nlanes; i++) {
-			if (c->lanes[i]->id == r->dead[k] && c->lanes[i]->state != RH_LANE_DEAD) {
-				rh_conn_lane_event(c, c->lanes[i], RH_EVT_LANE_TIMEOUT, -EREMOTEIO,
-						   0, 0);
-				rh_conn_fence_lane(c, c->lanes[i]);
-				if (c->lanes[i]->primary) {
-					c->fo.primary_lost = true;
-					c->fo.t_next_failback_ms =
-						rh_now_ms() + (uint64_t)c->fo.backoff_ms;
-				}
-			}
-		}
-	}
-	if (!rh_conn_epoch_take(c, h->epoch)) {
-		free(r);
-		return;
-	}
-	/* The peer lost the primary of a fail-back in progress: what it retired carries on. */
-	if (c->fo.primary_lost && !primary_alive(c) && reactivate_retired(c) > 0) {
-		INFO("conn %016llx (send): the fail-back's lane was lost: retired lanes carry "
-		     "traffic again",
-		     (unsigned long long)c->id);
-		rh_conn_pick_ctrl_lane(c);
-	}
-	if (c->await_resume && c->fo.failreq_out && h->aux != RH_RESUME_ANSWER) {
-		/* The receiver moved on its own while our FAILREQ was on its way; it will answer
-		 * that with a newer epoch. Replaying now would put chunks on the wire at an epoch
-		 * about to be dropped (and, on one-sided lanes, writes the next resume's fence
-		 * must wait for), so only its dead lanes are taken and the answer awaited (the
-		 * FAILREQ is re-sent after 300 ms if it was lost). */
-		INFO("conn %016llx (send): RESUME at epoch %u while our FAILREQ is pending: waiting "
-		     "for its answer",
-		     (unsigned long long)c->id, h->epoch);
-		free(r);
-		return;
-	}
-	c->fo.failreq_out = false;
-	c->resume_epoch = h->epoch;
-	for (int i = 0; i < r->nout; i++) {
-		if (r->out[i].seq >= c->cts_base) {
-			struct rh_cts_slot *s = &c->cts[r->out[i].seq % RH_RING];
-
-			if (!(s->present && s->cts.seq == r->out[i].seq)) {
-				struct rh_cts cts = r->out[i];
-				uint8_t matched = 0;
-
-				/* Keep matches already made for this record. */
-				for (int k = 0; k < cts.n; k++) {
-					struct rh_sreq *q =
-						&c->sreqs[(cts.seq % RH_RING) * RH_MAX_RECVS + k];
-					if (q->used && q->seq == cts.seq) {
-						matched |= (uint8_t)(1u << k);
-					}
-				}
-				if (cts.seq < c->cts_base + RH_RING) {
-					s->cts = cts;
-					s->present = true;
-					s->matched = matched;
-					if (cts.seq + 1 > c->cts_next) {
-						c->cts_next = cts.seq + 1;
-					}
-				}
-			}
-		}
-	}
-	c->qhead = c->qtail = NULL;
-	for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
-		struct rh_sreq *s = &c->sreqs[i];
-		bool done = false, listed = false;
-
-		s->queued = false;
-		if (!s->used || s->acked) {
-			continue;
-		}
-		for (int k = 0; k < r->nout; k++) {
-			if (r->out[k].seq == s->seq) {
-				listed = true;
-				done = r->done[k] & (1u << s->slot);
-				if (!done) {
-					take_placed_runs(c, s, r->runs[k][s->slot],
-							 r->nruns[k][s->slot]);
-				}
-			}
-		}
-		if (!listed && s->seq < r->next_seq) {
-			done = true;
-		}
-		s->replay_unsent = s->replay_unacked = false;
-		if (done) {
-			s->acked = true;
-			acked++;
-			continue;
-		}
-		replayed_bytes += replay_bytes(c, s);
-		list[n++] = s;
-	}
-	qsort(list, n, sizeof(list[0]), cmp_sreq);
-	c->fo.replay_unsent = c->fo.replay_unacked = n;
-	if (n == 0) {
-		INFO("conn %016llx (send): nothing to replay", (unsigned long long)c->id);
-	}
-	for (int i = 0; i < n; i++) {
-		list[i]->replay_unsent = list[i]->replay_unacked = true;
-		list[i]->qnext = NULL;
-		list[i]->queued = true;
-		if (c->qtail) {
-			c->qtail->qnext = list[i];
-		} else {
-			c->qhead = list[i];
-		}
-		c->qtail = list[i];
-		replayed++;
-	}
-	free(r);
-	c->await_resume = false;
-	if (c->fo.active) {
-		/* Requests the receiver confirmed complete now; otherwise the first ACK does. */
-		c->fo.report_pending = true;
-		if (acked > 0 || n == 0) {
-			rh_marks_first_completion(c);
-		}
-	}
-	c->fo.active = false;
-	c->fo.notify = false;
-	RH_PROBE4(replay_queued, c->id, c->epoch, rh_conn_active_lanes(c), replayed_bytes);
-	rh_marks_moved(c, replayed_bytes);
-	INFO("conn %016llx (send): RESUME applied at epoch %u: %d confirmed, %d replayed (%llu "
-	     "bytes) on %d lanes",
-	     (unsigned long long)c->id, c->epoch, acked, replayed,
-	     (unsigned long long)replayed_bytes, rh_conn_active_lanes(c));
-	rh_conn_kick_data(c);
 }
 
 static bool drained(struct rh_conn *c, uint32_t retire_gen)
@@ -713,7 +470,7 @@ static bool unacked_work(struct rh_conn *c)
  * carry them (nothing ACTIVE, OPENING or SUSPECT, nothing retired to take back) while no move is
  * in progress starts one, as if its last lane had failed. Backups open; with no pair left, the
  * escalation bound applies. (How it can happen: a RESUME that names lanes dead is applied
- * without a failover of our own; see reactivate_retired.) */
+ * without a failover of our own; see rh_fo_reactivate_retired.) */
 static void start_move_without_lane(struct rh_conn *c, uint64_t now)
 {
 	WARN("conn %016llx (send): no lane left to carry its unacknowledged requests and no "
@@ -722,20 +479,16 @@ static void start_move_without_lane(struct rh_conn *c, uint64_t now)
 	begin_move(c, NULL, -ENOLINK, "no lane left", now);
 }
 
-void rh_fo_tick(struct rh_conn *c, uint64_t now)
+/*
+ * The ticker's pass over one connection (every 20 ms), in phases; each runs only while the
+ * connection stands (a phase may fail it).
+ */
+
+/* The share gate's backstop: a lane it held back waits for another lane's next chunk; if those
+ * lanes left (failed, suspect, retired) the tick wakes it. */
+static void tick_share_gate(struct rh_conn *c, uint64_t now)
 {
-	int timeout = (int)rh_param.COMPLETION_TIMEOUT;
-	int early = timeout - (int)rh_param.PROBE_TIMEOUT;
-
-	if (early < timeout / 2) {
-		early = timeout / 2;
-	}
-
-	if (c->err || atomic_load(&c->closed)) {
-		return;
-	}
-	/* The share gate's backstop: a lane it held back waits for another lane's next chunk;
-	 * if those lanes left (failed, suspect, retired) the tick wakes it. */
+	(void)now;
 	for (int i = 0; i < c->nlanes; i++) {
 		struct rh_lane *l = c->lanes[i];
 
@@ -744,110 +497,175 @@ void rh_fo_tick(struct rh_conn *c, uint64_t now)
 			l->ops->kick(l);
 		}
 	}
-	for (int i = 0; i < c->nlanes; i++) {
+}
+
+/* A lane whose handshake is past its deadline failed. */
+static void lane_tick_opening(struct rh_conn *c, struct rh_lane *l, uint64_t now)
+{
+	if (now > l->t_deadline_ms) {
+		rh_fo_lane_failed(c, l, -ETIMEDOUT, "handshake timed out");
+	}
+}
+
+/* A retired lane: fenced 2 s after its BYE; its BYE sent once the messages it carries are
+ * acknowledged (sender, the control lane elsewhere). True when the lane was handled here. */
+static bool lane_tick_retiring(struct rh_conn *c, struct rh_lane *l, uint64_t now)
+{
+	if (l->state != RH_LANE_DRAINING) {
+		return false;
+	}
+	if (l->bye_sent) {
+		if (now > l->t_suspect_ms + 2000) {
+			rh_conn_fence_lane(c, l);
+		}
+		return true;
+	}
+	if (c->is_send && drained(c, l->retire_gen) && c->ctrl_lane && c->ctrl_lane != l) {
+		struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
+
+		rh_conn_queue_ctrl(c, &bye, NULL, 0);
+		l->bye_sent = true;
+		l->t_suspect_ms = now;
+		return true;
+	}
+	return false;
+}
+
+/* A lane carrying traffic (ACTIVE, or DRAINING before its BYE): the transport's loss verdict
+ * while the agent suspects the NIC fails it at once; no progress for the completion timeout
+ * starts the confirming probe. */
+static void lane_tick_carrying(struct rh_conn *c, struct rh_lane *l, uint64_t now)
+{
+	int timeout = (int)rh_param.COMPLETION_TIMEOUT;
+	int early = timeout - (int)rh_param.PROBE_TIMEOUT;
+
+	if (early < timeout / 2) {
+		early = timeout / 2;
+	}
+	track_progress(l, now);
+	if (lane_tick_retiring(c, l, now)) {
+		return;
+	}
+	/* While the agent suspects the NIC (its suspicion may have come, and been answered,
+	 * before this lane's trouble began), a lane that has moved nothing for 100 ms and whose
+	 * transport says the path is lost fails at once. */
+	if (l->ops->lost && l->tp && rh_health_nic_suspect(l->lnic) &&
+	    now >= l->t_progress_ms + 100 && l->ops->lost(l, now - l->t_progress_ms)) {
+		rh_fo_lane_failed(c, l, -ETIMEDOUT, "transport lost the path (NIC suspect)");
+		return;
+	}
+	/* Sender side: the transport makes no progress on cleared-to-send data. Receiver side:
+	 * posted receives see no data for the timeout; the probe tells a failed link from an
+	 * idle peer. The confirming probe starts early enough to be answered (or not) by the
+	 * time the completion timeout expires. */
+	if (now - l->t_suspect_ms >= (uint64_t)timeout && l->tp &&
+	    (l->ops->stalled(l, now, early) ||
+	     (l->state == RH_LANE_ACTIVE && l == c->ctrl_lane && rh_conn_rx_waiting(c) &&
+	      now - c->t_rx_progress_ms >= (uint64_t)early &&
+	      now - l->t_progress_ms >= (uint64_t)early))) {
+		INFO("conn %016llx: lane %u made no progress for %d ms, probing",
+		     (unsigned long long)c->id, l->id, early);
+		rh_fo_confirm(c, l, "no progress");
+	}
+}
+
+/* A lane under its confirming probe: failed when the transport confirms the loss before the
+ * probe's deadline, or when the deadline passes with nothing moved; ACTIVE again when it
+ * moved. */
+static void lane_tick_suspect(struct rh_conn *c, struct rh_lane *l, uint64_t now)
+{
+	if (l->ops->lost && !moved_since_suspect(l) && l->ops->lost(l, now - l->t_suspect_ms)) {
+		rh_fo_lane_failed(c, l, -ETIMEDOUT, "transport lost the path");
+	} else if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
+		if (moved_since_suspect(l)) {
+			l->state = RH_LANE_ACTIVE;
+			l->t_suspect_ms = now;
+		} else {
+			rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe timed out");
+		}
+	}
+}
+
+/* Every lane by its state, until one fails the connection. */
+static void tick_lanes(struct rh_conn *c, uint64_t now)
+{
+	for (int i = 0; i < c->nlanes && !c->err; i++) {
 		struct rh_lane *l = c->lanes[i];
 
-		if (l->state == RH_LANE_ACTIVE || l->state == RH_LANE_DRAINING) {
-			track_progress(l, now);
-		}
 		switch (l->state) {
 		case RH_LANE_OPENING:
-			if (now > l->t_deadline_ms) {
-				rh_fo_lane_failed(c, l, -ETIMEDOUT, "handshake timed out");
-			}
+			lane_tick_opening(c, l, now);
 			break;
 		case RH_LANE_ACTIVE:
 		case RH_LANE_DRAINING:
-			if (l->state == RH_LANE_DRAINING && l->bye_sent) {
-				if (now > l->t_suspect_ms + 2000) {
-					rh_conn_fence_lane(c, l);
-				}
-				break;
-			}
-			if (l->state == RH_LANE_DRAINING && c->is_send &&
-			    drained(c, l->retire_gen) && c->ctrl_lane && c->ctrl_lane != l) {
-				struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
-
-				rh_conn_queue_ctrl(c, &bye, NULL, 0);
-				l->bye_sent = true;
-				l->t_suspect_ms = now;
-				break;
-			}
-			/* While the agent suspects the NIC (its suspicion may have come, and been
-			 * answered, before this lane's trouble began), a lane that has moved nothing
-			 * for 100 ms and whose transport says the path is lost fails at once. */
-			if (l->ops->lost && l->tp && rh_health_nic_suspect(l->lnic) &&
-			    now >= l->t_progress_ms + 100 &&
-			    l->ops->lost(l, now - l->t_progress_ms)) {
-				rh_fo_lane_failed(c, l, -ETIMEDOUT,
-						  "transport lost the path (NIC suspect)");
-				break;
-			}
-			/* Sender side: TCP makes no progress on cleared-to-send data. Receiver side:
-			 * posted receives see no data for the timeout; the probe tells a failed
-			 * link from an idle peer. */
-			/* The confirming probe starts early enough to be answered (or not) by the
-			 * time the completion timeout expires. */
-			if (now - l->t_suspect_ms >= (uint64_t)timeout && l->tp &&
-			    (l->ops->stalled(l, now, early) ||
-			     (l->state == RH_LANE_ACTIVE && l == c->ctrl_lane &&
-			      rh_conn_rx_waiting(c) &&
-			      now - c->t_rx_progress_ms >= (uint64_t)early &&
-			      now - l->t_progress_ms >= (uint64_t)early))) {
-				INFO("conn %016llx: lane %u made no progress for %d ms, probing",
-				     (unsigned long long)c->id, l->id, early);
-				rh_fo_confirm(c, l, "no progress");
-			}
+			lane_tick_carrying(c, l, now);
 			break;
 		case RH_LANE_SUSPECT:
-			if (l->ops->lost && !moved_since_suspect(l) &&
-			    l->ops->lost(l, now - l->t_suspect_ms)) {
-				/* The transport confirms before the probe's deadline. */
-				rh_fo_lane_failed(c, l, -ETIMEDOUT, "transport lost the path");
-			} else if (now > l->t_suspect_ms + (uint64_t)rh_param.PROBE_TIMEOUT + 200) {
-				if (moved_since_suspect(l)) {
-					l->state = RH_LANE_ACTIVE;
-					l->t_suspect_ms = now;
-				} else {
-					rh_fo_lane_failed(c, l, -ETIMEDOUT, "probe timed out");
-				}
-			}
+			lane_tick_suspect(c, l, now);
 			break;
 		default:
 			break;
 		}
-		if (c->err) {
-			return;
-		}
 	}
+}
+
+/* A sender with unacknowledged requests and nothing that carries or may carry them starts a
+ * move (start_move_without_lane). */
+static void tick_no_lane_left(struct rh_conn *c, uint64_t now)
+{
 	if (c->is_send && c->ready && !c->fo.active && unacked_work(c) &&
 	    count_state(c, RH_LANE_ACTIVE) + count_state(c, RH_LANE_OPENING) +
 			    count_state(c, RH_LANE_SUSPECT) ==
 		    0 &&
-	    reactivate_retired(c) == 0) {
+	    rh_fo_reactivate_retired(c) == 0) {
 		start_move_without_lane(c, now);
 	}
-	if (c->fo.active) {
-		if (c->is_send && c->await_resume && !c->fo.notify &&
-		    now - c->fo.t_last_failreq_ms > 300) {
-			c->fo.notify = true; /* the FAILREQ or its answer may have been lost */
-		}
-		open_backups(c);
-		send_notify(c);
-		escalate_if_stuck(c, now);
-		if (c->err) {
-			return;
-		}
+}
+
+/* A move in progress: the FAILREQ sent again when it (or its answer) may have been lost,
+ * backups opened, the peer told, escalation when nothing is left to try. */
+static void tick_move(struct rh_conn *c, uint64_t now)
+{
+	if (!c->fo.active) {
+		return;
 	}
-	if (c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
-	    now >= c->fo.t_next_failback_ms && rh_nic_is_up(c->lnic_orig) && !primary_alive(c)) {
-		c->fo.failback_cookie = rh_random_id();
-		c->fo.t_failback_probe_ms = now;
-		if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
-				    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
-				    (int)rh_param.PROBE_TIMEOUT) < 0) {
-			c->fo.failback_cookie = 0;
-			c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+	if (c->is_send && c->await_resume && !c->fo.notify && now - c->fo.t_last_failreq_ms > 300) {
+		c->fo.notify = true; /* the FAILREQ or its answer may have been lost */
+	}
+	open_backups(c);
+	send_notify(c);
+	escalate_if_stuck(c, now);
+}
+
+/* Fail-back (sender): the original pair, lost and its NIC up again, is probed when its backoff
+ * allows; the answer arrives in rh_fo_probe_done. */
+static void tick_failback(struct rh_conn *c, uint64_t now)
+{
+	if (!(c->is_send && c->fo.primary_lost && !c->fo.active && !c->fo.failback_cookie &&
+	      now >= c->fo.t_next_failback_ms && rh_nic_is_up(c->lnic_orig) &&
+	      !rh_fo_primary_alive(c))) {
+		return;
+	}
+	c->fo.failback_cookie = rh_random_id();
+	c->fo.t_failback_probe_ms = now;
+	if (rh_g.ops->probe(c, c->lnic_orig, c->rnics[c->rnic_orig].ipv4,
+			    c->rnics[c->rnic_orig].port, c->fo.failback_cookie,
+			    (int)rh_param.PROBE_TIMEOUT) < 0) {
+		c->fo.failback_cookie = 0;
+		c->fo.t_next_failback_ms = now + (uint64_t)c->fo.backoff_ms;
+	}
+}
+
+void rh_fo_tick(struct rh_conn *c, uint64_t now)
+{
+	static void (*const phases[])(struct rh_conn *, uint64_t) = {
+		tick_share_gate, tick_lanes, tick_no_lane_left, tick_move, tick_failback,
+	};
+
+	for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {
+		if (c->err || atomic_load(&c->closed)) {
+			break;
 		}
+		phases[i](c, now);
 	}
 }
