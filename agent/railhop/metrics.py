@@ -59,7 +59,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from railhop import __version__
-from railhop.control.events import EventType, LaneEvent
+from railhop.control.lane_events import EventType, LaneEvent
 from railhop.procs import pid_alive as _pid_alive
 from railhop.tracing import DETECTION, ESCALATION, FAILBACK, MIGRATION, SpanDesc
 

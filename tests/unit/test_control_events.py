@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from railhop.control.errors import EventDecodeError
-from railhop.control.events import (
+from railhop.control.lane_events import (
     EVENT_SIZE,
     MAX_MSG,
     EventType,

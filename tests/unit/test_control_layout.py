@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from railhop.control import events, layout
+from railhop.control import lane_events, layout
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "plugin" / "include" / "railhop" / "ctl_table.h"
@@ -21,7 +21,7 @@ STRUCTS: dict[str, layout.Fields] = {
     "rh_ctl_nic": layout.NIC_FIELDS,
     "rh_ctl_backup": layout.BACKUP_FIELDS,
     "rh_ctl_plan": layout.PLAN_FIELDS,
-    "rh_lane_event": events.EVENT_FIELDS,
+    "rh_lane_event": lane_events.EVENT_FIELDS,
 }
 INT_CONSTANTS: dict[str, int] = {
     "RH_CTL_MAGIC": layout.MAGIC,
@@ -38,10 +38,10 @@ INT_CONSTANTS: dict[str, int] = {
     "RH_CTL_NICS_OFFSET": layout.NICS_OFFSET,
     "RH_CTL_PLANS_OFFSET": layout.PLANS_OFFSET,
     "RH_CTL_TABLE_SIZE": layout.TABLE_SIZE,
-    "RH_EV_MAGIC": events.EV_MAGIC,
-    "RH_EV_VERSION": events.EV_VERSION,
-    "RH_EV_MAX_PORTS": events.MAX_PORTS,
-    "RH_EV_MAX_MSG": events.MAX_MSG,
+    "RH_EV_MAGIC": lane_events.EV_MAGIC,
+    "RH_EV_VERSION": lane_events.EV_VERSION,
+    "RH_EV_MAX_PORTS": lane_events.MAX_PORTS,
+    "RH_EV_MAX_MSG": lane_events.MAX_MSG,
 }
 STR_CONSTANTS = {
     "RH_CTL_TABLE_FILE": layout.TABLE_FILE,
@@ -53,7 +53,7 @@ ENUMS = {  # C enum name: (C constant prefix, Python enum)
     "rh_nic_state": ("RH_NIC_", layout.NicState),
     "rh_nic_reason": ("RH_REASON_", layout.Reason),
     "rh_distance": ("RH_DIST_", layout.Distance),
-    "rh_lane_event_type": ("RH_EV_", events.EventType),
+    "rh_lane_event_type": ("RH_EV_", lane_events.EventType),
 }
 
 

@@ -25,7 +25,7 @@ from railhop.control import (
     encode_event,
     read_table,
 )
-from railhop.control.events import MAX_MSG
+from railhop.control.lane_events import MAX_MSG
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from railhop.control.status import format_agent
 from railhop.tracing import sinks_from_env
-from railhop.tracing.health import ExportHealth, ThrottleFilter, TrackedExporter
+from railhop.tracing.export_health import ExportHealth, ThrottleFilter, TrackedExporter
 
 
 def test_throttle_filter_passes_the_first_then_one_a_minute() -> None:

@@ -8,7 +8,7 @@ Both live in ``$RAILHOP_RUN_DIR`` (default ``/run/railhop``). See docs/control-p
 """
 
 from railhop.control.errors import ControlError, EventDecodeError, TableError
-from railhop.control.events import EventType, LaneEvent, decode_event, encode_event
+from railhop.control.lane_events import EventType, LaneEvent, decode_event, encode_event
 from railhop.control.layout import (
     Backup,
     Distance,

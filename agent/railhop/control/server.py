@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from railhop.control.errors import ControlError, EventDecodeError
-from railhop.control.events import MAX_MSG, LaneEvent, decode_event
+from railhop.control.lane_events import MAX_MSG, LaneEvent, decode_event
 
 _UCRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+

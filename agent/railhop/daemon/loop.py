@@ -41,7 +41,7 @@ from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
 from railhop.sources.events import PluginLaneEvent
 from railhop.topology import Topology, read_topology
-from railhop.tracing.health import ExportHealth
+from railhop.tracing.export_health import ExportHealth
 
 log = logging.getLogger("railhop.agent")
 

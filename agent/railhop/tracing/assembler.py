@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from railhop.control.events import EventType, LaneEvent
+from railhop.control.lane_events import EventType, LaneEvent
 from railhop.tracing.spans import (
     DECISION,
     DETECTION,

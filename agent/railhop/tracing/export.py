@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from railhop.control.events import LaneEvent
+from railhop.control.lane_events import LaneEvent
 from railhop.tracing.assembler import (
     AssemblerConfig,
     Decision,
@@ -26,7 +26,7 @@ from railhop.tracing.assembler import (
     Signal,
     StateChange,
 )
-from railhop.tracing.health import ExportHealth, TrackedExporter, throttle_sdk_logs
+from railhop.tracing.export_health import ExportHealth, TrackedExporter, throttle_sdk_logs
 from railhop.tracing.otlp import default_resource_attributes, otlp_json
 from railhop.tracing.spans import SCOPE_NAME, SpanDesc, TracingError, epoch_offset_ns
 
