@@ -1,5 +1,5 @@
 """docs/parameters.md stays true to the code: every plugin parameter with its default, and
-every ``railhop`` command with its options."""
+every ``railhop`` command with its options; plugin/README.md's table of defaults too."""
 
 from __future__ import annotations
 
@@ -42,6 +42,32 @@ def test_every_plugin_parameter_documented_with_its_default() -> None:
             assert cell == "*(empty)*", f"RAILHOP_{name}: default is empty, doc says {cell}"
         else:
             assert cell == f"`{default}`", f"RAILHOP_{name}: default {default}, doc says {cell}"
+
+
+def _readme_defaults(text: str) -> dict[str, str]:
+    """NAME -> default, from plugin/README.md's parameter table (`NAME` | `default`, strings
+    quoted, two parameters per row)."""
+    section = text.split("## Parameters (`RAILHOP_*`, defaults)", 1)[1].split("\n## ", 1)[0]
+    return {
+        name: cell.strip('"')
+        for name, cell in re.findall(r"\|\s*`([A-Z][A-Z0-9_]*)`\s*\|\s*`([^`]*)`", section)
+    }
+
+
+def test_plugin_readme_gives_every_default_of_param_h() -> None:
+    code = _x_table()
+    readme = _readme_defaults((REPO / "plugin" / "README.md").read_text(encoding="utf-8"))
+    missing, extra = sorted(set(code) - set(readme)), sorted(set(readme) - set(code))
+    assert not missing and not extra, f"plugin/README.md lacks {missing}, has unknown {extra}"
+    wrong = {n: (readme[n], d) for n, d in code.items() if readme[n] != d}
+    assert not wrong, f"plugin/README.md: defaults (README, param.h) that differ: {wrong}"
+
+
+def test_readme_reader_sees_a_wrong_default() -> None:
+    # the README once gave CHUNK_SIZE 524288 where param.h says 131072
+    old = '## Parameters (`RAILHOP_*`, defaults)\n| `CHUNK_SIZE` | `524288` | | `TCP_CC` | `""` |\n'
+    assert _readme_defaults(old) == {"CHUNK_SIZE": "524288", "TCP_CC": ""}
+    assert _x_table()["CHUNK_SIZE"] == "131072"
 
 
 def _commands(group: click.Group, prefix: str) -> dict[str, click.Command]:
