@@ -11,13 +11,15 @@ ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
 The label tcp+crc32c is the TCP lane with RAILHOP_CHECKSUM=1 (a CRC32C per chunk): run it
 beside tcp for the checksum's cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
-512 KiB chunks of before issue 18 (the default is 128 KiB). --rate-mbit 0 leaves the veths
-unlimited.
+512 KiB chunks of before issue 18 (the default is 128 KiB). A label may name the ncclNet table
+the harness drives (tcp@v8, tcp@v11; default v11): the tables side by side. --rate-mbit 0 leaves
+the veths unlimited.
 
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
     sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
     sudo python3 bench/fabric_throughput.py --transports tcp --baseline /path/to/main/build
+    sudo python3 bench/fabric_throughput.py --transports tcp@v8,tcp@v11 --rate-mbit 1000
 """
 
 from __future__ import annotations
@@ -111,8 +113,11 @@ def run_plugin(
     size: int,
     env: dict[str, str] | None = None,
     build: tuple[Path, Path] | None = None,
+    api: int | None = None,
 ) -> dict[str, Any]:
-    cfg = HarnessConfig(conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60)
+    cfg = HarnessConfig(
+        conns=conns, sizes=(size,), duration=seconds, deadline=seconds + 60, api=api
+    )
     plugin, harness = build if build else (None, None)
     with (
         CounterSampler(fab, interval=0.1) as samp,
@@ -174,8 +179,11 @@ def main() -> int:
     args = ap.parse_args()
     transports = [t for t in args.transports.split(",") if t]
     for t in transports:
-        if t not in TRANSPORT_ENV:
+        base, _, api = t.partition("@v")
+        if base not in TRANSPORT_ENV:
             ap.error(f"--transports: unknown transport {t!r} (known: {', '.join(TRANSPORT_ENV)})")
+        if api and not (api.isdigit() and 8 <= int(api) <= 12):
+            ap.error(f"--transports: {t!r}: the table is @v8 .. @v12")
     for kv in args.env:
         k, _, v = kv.partition("=")
         os.environ[k] = v
@@ -224,8 +232,9 @@ def main() -> int:
                     args.nics * args.conns_per_nic,
                     args.seconds,
                     args.size,
-                    TRANSPORT_ENV.get("tcp" if label == "baseline" else label),
+                    TRANSPORT_ENV.get("tcp" if label == "baseline" else label.partition("@v")[0]),
                     builds.get(label),
+                    int(label.partition("@v")[2]) if "@v" in label else None,
                 )
                 ratio = pl["wire_Bps"] / ip["wire_Bps"] if ip["wire_Bps"] else 0.0
                 line += (
