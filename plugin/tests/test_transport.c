@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "core/lane_ops.h"
+#include "lane_stub.h"
 #include "rh.h"
 
 /* --- a capturing logger: the WARN lines init leaves --- */
@@ -75,63 +76,9 @@ static int fk_listen(int nic)
 	return 0;
 }
 
-static int fk_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t conn_id,
-		   uint32_t epoch, uint32_t ip, uint16_t port)
-{
-	(void)lane, (void)hello, (void)conn_id, (void)epoch, (void)ip, (void)port;
-	return -ENODEV;
-}
-
-static void fk_lane(struct rh_lane *lane)
-{
-	(void)lane;
-}
-
-static bool fk_stalled(struct rh_lane *lane, uint64_t now_ms, int timeout_ms)
-{
-	(void)lane, (void)now_ms, (void)timeout_ms;
-	return false;
-}
-
-static int fk_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
-		    int timeout_ms)
-{
-	(void)conn, (void)lnic, (void)ip, (void)port, (void)cookie, (void)timeout_ms;
-	return -ENODEV;
-}
-
-static const struct lane_ops fake_ops = {
-	.name = "fake",
-	.start = fk_start,
-	.stop = fk_stop,
-	.listen = fk_listen,
-	.open = fk_open,
-	.kick = fk_lane,
-	.fence = fk_lane,
-	.stalled = fk_stalled,
-	.probe = fk_probe,
-};
-
-/* The same without listen and probe, and one without a name. */
-static const struct lane_ops partial_ops = {
-	.name = "partial",
-	.start = fk_start,
-	.stop = fk_stop,
-	.open = fk_open,
-	.kick = fk_lane,
-	.fence = fk_lane,
-	.stalled = fk_stalled,
-};
-
-static const struct lane_ops nameless_ops = {
-	.start = fk_start,
-	.listen = fk_listen,
-	.open = fk_open,
-	.kick = fk_lane,
-	.fence = fk_lane,
-	.stalled = fk_stalled,
-	.probe = fk_probe,
-};
+/* The stub transport with counting start, stop and listen; partial_ops lacks listen and probe,
+ * nameless_ops its name (both filled in by main). */
+static struct lane_ops fake_ops, partial_ops, nameless_ops;
 
 static const struct lane_ops *pick_fake(void)
 {
@@ -152,6 +99,17 @@ int main(void)
 {
 	char msg[160];
 
+	fake_ops = stub_lane_ops;
+	fake_ops.name = "fake";
+	fake_ops.start = fk_start;
+	fake_ops.stop = fk_stop;
+	fake_ops.listen = fk_listen;
+	partial_ops = fake_ops;
+	partial_ops.name = "partial";
+	partial_ops.listen = NULL;
+	partial_ops.probe = NULL;
+	nameless_ops = fake_ops;
+	nameless_ops.name = NULL;
 	setenv("RAILHOP_NICS", "lo", 1);
 	setenv("RAILHOP_RUN_DIR", "/nonexistent/railhop-test", 1);
 

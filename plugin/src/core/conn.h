@@ -292,6 +292,10 @@ void rh_resume_on_failreq(struct rh_conn *c, const struct rh_hdr *h, const uint8
  * -EPROTO (the record does not parse: ignored, logged), -ENOMEM (the caller fails the
  * connection: the move cannot be applied). */
 int rh_resume_apply(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p); /* locked */
+/* What the receiver's record r says of send request s: true when s is complete there (its
+ * slot done, or its sequence below the record's next and not listed); *k: the index of its
+ * receive in r->out (its placed runs), -1 when not listed. Pure. */
+bool rh_resume_confirms(const struct rh_resume *r, const struct rh_sreq *s, int *k);
 
 /* backup.c: choose the (local, remote) pair of a new connection, avoiding NICs known down;
  * rank candidate backup pairs (excluding pairs in use and, unless ignore_bad, pairs that failed

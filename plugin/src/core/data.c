@@ -364,18 +364,9 @@ static void apply_bye_record(struct rh_conn *c, const struct rh_hdr *h, const ui
 	if (rh_resume_get(p, h->len, r) == 0) {
 		for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
 			struct rh_sreq *s = &c->sreqs[i];
-			bool listed = false, done = false;
+			int k;
 
-			if (!s->used || s->acked) {
-				continue;
-			}
-			for (int k = 0; k < r->nout; k++) {
-				if (r->out[k].seq == s->seq) {
-					listed = true;
-					done = r->done[k] & (1u << s->slot);
-				}
-			}
-			if (done || (!listed && s->seq < r->next_seq)) {
+			if (s->used && !s->acked && rh_resume_confirms(r, s, &k)) {
 				s->acked = true;
 				sendq_remove(c, s);
 				rh_marks_replay_progress(c, s, true);

@@ -193,6 +193,17 @@ static void resume_take_cts(struct rh_conn *c, const struct rh_resume *r)
 	}
 }
 
+bool rh_resume_confirms(const struct rh_resume *r, const struct rh_sreq *s, int *k)
+{
+	*k = -1;
+	for (int i = 0; i < r->nout; i++) {
+		if (r->out[i].seq == s->seq) {
+			*k = i;
+		}
+	}
+	return *k >= 0 ? (r->done[*k] & (1u << s->slot)) != 0 : s->seq < r->next_seq;
+}
+
 /* Phase 5: every unacknowledged request is either confirmed complete by the record or queued
  * again, in (seq, slot) order, from its first chunk the receiver does not hold. */
 static void resume_queue_replay(struct rh_conn *c, const struct rh_resume *r,
@@ -204,30 +215,20 @@ static void resume_queue_replay(struct rh_conn *c, const struct rh_resume *r,
 	c->qhead = c->qtail = NULL;
 	for (int i = 0; i < RH_RING * RH_MAX_RECVS; i++) {
 		struct rh_sreq *s = &c->sreqs[i];
-		bool done = false, listed = false;
+		int k;
 
 		s->queued = false;
 		if (!s->used || s->acked) {
 			continue;
 		}
-		for (int k = 0; k < r->nout; k++) {
-			if (r->out[k].seq == s->seq) {
-				listed = true;
-				done = r->done[k] & (1u << s->slot);
-				if (!done) {
-					take_placed_runs(c, s, r->runs[k][s->slot],
-							 r->nruns[k][s->slot]);
-				}
-			}
-		}
-		if (!listed && s->seq < r->next_seq) {
-			done = true;
-		}
 		s->replay_unsent = s->replay_unacked = false;
-		if (done) {
+		if (rh_resume_confirms(r, s, &k)) {
 			s->acked = true;
 			out->acked++;
 			continue;
+		}
+		if (k >= 0) {
+			take_placed_runs(c, s, r->runs[k][s->slot], r->nruns[k][s->slot]);
 		}
 		out->bytes += replay_bytes(c, s);
 		list[n++] = s;
