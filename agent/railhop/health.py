@@ -23,7 +23,10 @@ States (``NicState``)::
   Otherwise it makes the NIC SUSPECT only (the reporting process has already moved its own
   connections off the lane); a kernel signal or failed probe that comes later within the window
   still corroborates it (the order of the two does not matter). Signals without a source (the
-  agent's own) need no corroboration.
+  agent's own) need no corroboration. A :class:`Suspicion` (what the daemon makes of a lane
+  signal whose cause is probably elsewhere: a peer's report, one process timing out on several
+  NICs) carries its reporter too and never corroborates anything: only independent evidence
+  (kernel signals, the agent's probes, distinct reporting processes) takes a NIC DOWN.
 * Flap damping: every entry into DOWN counts a flap; the NIC may return to UP only after a
   hold-off of ``holdoff_initial_s * multiplier**(flaps-1)`` (capped at ``holdoff_max_s``, so it
   never gives up). Flaps are forgotten after ``flap_reset_s`` of continuous UP.
@@ -32,8 +35,11 @@ States (``NicState``)::
 * Evidence: a NIC that went DOWN while its link stayed up (lane timeouts/errors, counters,
   probe failures, device fatal: a silent blackhole looks like this) has nothing that would
   tell it is healthy again, so after the hold-off it waits in RECOVERING for at least one
-  :class:`ProbeOk` (the daemon turns the plugins' FAILBACK / LANE_UP on that NIC into one)
-  no older than its entry into DOWN. A carrier-caused DOWN recovers on carrier up as before
+  :class:`ProbeOk` no older than its entry into DOWN. A probe reported by a process (the daemon
+  turns the plugins' FAILBACK / LANE_UP on that NIC into one with its ``source``) counts only
+  once ``recover_sources`` distinct processes reported one since the NIC entered DOWN (or
+  SUSPECT): one process cannot vouch alone for a NIC that went down; a probe without a source
+  (the agent's own) counts at once. A carrier-caused DOWN recovers on carrier up as before
   (``recover_probes`` still applies to both).
 
 Nothing here reads a clock: every event carries its time ``t`` (seconds, any monotonic origin)
@@ -183,14 +189,20 @@ class TcpSuspect(Event):
 class Suspicion(Event):
     """A soft signal that may only make the NIC SUSPECT (the daemon downgrades to this a lane
     signal whose cause is probably not this NIC, e.g. one process timing out on several NICs
-    at once). Never a strike."""
+    at once). Never a strike, never corroboration of another signal. ``source``: the reporter
+    (as for :class:`LaneTimeout`)."""
 
     detail: str = ""
+    source: str = ""
     kind: ClassVar[str] = "suspicion"
 
 
 @dataclass(frozen=True)
 class ProbeOk(Event):
+    """A probe of the NIC passed. ``source``: the process that reported it (a plugin's lane
+    came up or failed back on the NIC); empty for the agent's own probe."""
+
+    source: str = ""
     kind: ClassVar[str] = "probe_ok"
 
 
@@ -201,6 +213,7 @@ class ProbeFail(Event):
 
 _HARD = (CarrierDown, DeviceFatal, AdminDown)
 _SOFT = (LaneTimeout, LaneError, CounterBreach, ProbeFail, TcpSuspect, Suspicion)
+_KERNEL = (TcpSuspect, CounterBreach, ProbeFail)  # independent of any reporter's words
 SOFT_KINDS = frozenset(c.kind for c in _SOFT)
 
 
@@ -223,10 +236,13 @@ class HealthParams:
     holdoff_multiplier: float = 2.0
     flap_reset_s: float = 60.0
     corroborate_sources: int = 2  # distinct reporters a lane signal needs to take a NIC down
+    recover_sources: int = 2  # distinct reporters whose passing probes count as evidence
 
     def __post_init__(self) -> None:
         if self.corroborate_sources < 1:
             raise HealthError(f"corroborate_sources must be >= 1, got {self.corroborate_sources}")
+        if self.recover_sources < 1:
+            raise HealthError(f"recover_sources must be >= 1, got {self.recover_sources}")
         if self.suspect_strikes < 1:
             raise HealthError(f"suspect_strikes must be >= 1, got {self.suspect_strikes}")
         if self.recover_probes < 0:
@@ -279,6 +295,7 @@ class NicHealth:
     reporters: tuple[tuple[float, str], ...] = ()  # recent lane signals: (time, source)
     kernel_bad: float | None = None  # last kernel signal or failed agent probe
     held: tuple[float, str] | None = None  # last lane signal held back uncorroborated (t, kind)
+    vouchers: tuple[str, ...] = ()  # processes that reported a passing probe since DOWN/SUSPECT
 
 
 @dataclass(frozen=True)
@@ -331,6 +348,7 @@ def _go_down(
         last_bad=t,
         probes_ok=0,
         need_evidence=evidence,
+        vouchers=(),
     )
 
 
@@ -357,7 +375,10 @@ def step(h: NicHealth, ev: Event, p: HealthParams) -> NicHealth:
     elif isinstance(ev, _SOFT):
         h = _soft(h, ev, t, p)
     elif isinstance(ev, ProbeOk):
-        if ev.t < h.since and h.state in (NicState.DOWN, NicState.RECOVERING):
+        h, counts = _vouched(h, ev, p)
+        if not counts:
+            pass  # one process's word: recorded, not yet evidence
+        elif ev.t < h.since and h.state in (NicState.DOWN, NicState.RECOVERING):
             pass  # evidence from before the failure says nothing about now
         elif h.state is NicState.SUSPECT:
             h = _enter(h, NicState.UP, t, "probe ok", strikes=(), stable_since=h.stable_since)
@@ -370,11 +391,25 @@ def step(h: NicHealth, ev: Event, p: HealthParams) -> NicHealth:
     return tick(replace(h, t=t), t, p)
 
 
+def _vouched(h: NicHealth, ev: ProbeOk, p: HealthParams) -> tuple[NicHealth, bool]:
+    """Records a passing probe; whether it now counts as one (see the module doc)."""
+    if not ev.source:
+        return h, True
+    if h.state is NicState.UP or (ev.t < h.since and h.state is not NicState.SUSPECT):
+        return h, False  # nothing to vouch for, or evidence from before the failure
+    seen = (*tuple(s for s in h.vouchers if s != ev.source)[-31:], ev.source)
+    if len(seen) < p.recover_sources:
+        return replace(h, vouchers=seen), False
+    return replace(h, vouchers=()), True
+
+
 def _corroborated(h: NicHealth, ev: Event, t: float, p: HealthParams) -> tuple[NicHealth, bool]:
     """Records ``ev`` as evidence; whether the NIC may now go DOWN on it (see the module doc)."""
     source = getattr(ev, "source", "")
-    if isinstance(ev, TcpSuspect | CounterBreach | ProbeFail):
-        h = replace(h, kernel_bad=t)
+    if isinstance(ev, _KERNEL):
+        return replace(h, kernel_bad=t), True
+    if isinstance(ev, Suspicion):
+        return h, False  # one reporter's doubt: never evidence for anything else
     if not source:
         return h, True
     recent = tuple((at, s) for at, s in h.reporters if t - at < p.suspect_window_s)
@@ -395,11 +430,12 @@ def _soft(h: NicHealth, ev: Event, t: float, p: HealthParams) -> NicHealth:
     if not corroborated:
         # one reporter alone: suspicion, never DOWN (its own connections already moved)
         desc = f"{desc} (uncorroborated)"
-        h = replace(h, held=(t, ev.kind))
+        if not isinstance(ev, Suspicion):
+            h = replace(h, held=(t, ev.kind))
         if h.state is NicState.UP:
-            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t)
+            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t, vouchers=())
         return replace(h, last_bad=t)
-    if h.held is not None and not getattr(ev, "source", ""):
+    if h.held is not None and isinstance(ev, _KERNEL):
         # corroboration works in either order: a kernel signal (or failed agent probe) after
         # a lane signal held back within the window decides for that lane signal
         t0, kind = h.held
@@ -414,13 +450,13 @@ def _soft(h: NicHealth, ev: Event, t: float, p: HealthParams) -> NicHealth:
         return _go_down(h, t, "probe failed while suspect", p)
     if isinstance(ev, TcpSuspect | Suspicion):  # suspicion only: the plugins' probes decide
         if h.state is NicState.UP:
-            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t)
+            return _enter(h, NicState.SUSPECT, t, desc, last_bad=t, vouchers=())
         return replace(h, last_bad=t)
     strikes = (*(s for s in h.strikes if t - s < p.suspect_window_s), t)
     if len(strikes) >= p.suspect_strikes:
         return _go_down(h, t, f"{len(strikes)} strikes within {p.suspect_window_s:g}s: {desc}", p)
     if h.state is NicState.UP:
-        return _enter(h, NicState.SUSPECT, t, desc, strikes=strikes, last_bad=t)
+        return _enter(h, NicState.SUSPECT, t, desc, strikes=strikes, last_bad=t, vouchers=())
     return replace(h, strikes=strikes, last_bad=t)
 
 

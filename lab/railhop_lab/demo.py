@@ -338,7 +338,7 @@ from railhop import daemon
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(asctime)s %(name)s %(levelname)s %(message)s")
 cfg = daemon.AgentConfig(
-    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"),
+    run_dir=Path(sys.argv[1]), nics=("nic0", "nic1", "nic2", "nic3"), policy_path=Path(sys.argv[7]),
     sources=tuple(x for x in sys.argv[5].split(",") if x),
     trace_file=Path(sys.argv[2]), metrics_port=int(sys.argv[3]), metrics_addr="127.0.0.1",
     heartbeat_ms=100, duration_s=float(sys.argv[4]), ebpf_start_timeout_s=float(sys.argv[6]))
@@ -349,6 +349,9 @@ METRICS_PORT = 9464
 # probe's signal on the blackholed lane's sockets is the kernel evidence that corroborates one
 # process's lane timeout (without it the blackhole leaves the NIC SUSPECT)
 AGENT_SOURCES = ("netlink", "ebpf")
+# one process per node uses the NICs here: its fail-back is the only recovery evidence there is
+# (the default asks for two processes' before a NIC that went DOWN with its link up is UP again)
+AGENT_POLICY = "version: 1\nname: demo\nhealth:\n  recover_sources: 1\n"
 EBPF_SOURCES = ("ebpf.carrier", "ebpf.tcp")
 EBPF_START_TIMEOUT_S = 90.0  # per source, in the agent (trial child + bcc compile)
 
@@ -428,6 +431,8 @@ def start_agent(
     """One agent inside node ``node``'s netns (its netlink and eBPF sources see that node's
     NICs and sockets); each eBPF source gets ``ebpf_timeout_s`` to start."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    policy = run_dir.parent / f"policy-node{node}.yaml"
+    policy.write_text(AGENT_POLICY)
     pkg_root = str(Path(__file__).resolve().parents[1])
     pp = os.environ.get("PYTHONPATH")
     env = {
@@ -447,6 +452,7 @@ def start_agent(
         f"{lifetime_s:g}",
         ",".join(sources),
         f"{ebpf_timeout_s:g}",
+        str(policy),
     ]
     with log.open("w") as err:
         proc = fab.popen(node, argv, env, stdout=subprocess.DEVNULL, stderr=err)

@@ -215,14 +215,12 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
                     b.local_nic != "ibp93s0" for bs in s.plans.values() for b in bs
                 )
                 await asyncio.sleep(0.02)
-            # a plugin fails back onto it: lanes carry traffic again -> UP
-            c.send(
-                encode_event(
-                    LaneEvent(
-                        EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
-                    )
-                )
+            # plugins of two processes fail back onto it: lanes carry traffic again -> UP
+            back = LaneEvent(
+                EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
             )
+            c.send(encode_event(back))
+            await _report_from_new_process(run_dir / "agent.sock", back)
             await until(lambda: state_of(snap(table), "ibp93s0") == NicState.UP)
 
         # the policy file turns invalid: logged, counted, last good policy kept
@@ -239,7 +237,7 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     assert not (run_dir / "agent.sock").exists()
     final = read_table(table)
     assert final.agent_gone
-    assert agent.stats.transitions >= 5 and agent.stats.lane_events == 3
+    assert agent.stats.transitions >= 5 and agent.stats.lane_events == 4
 
 
 def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
@@ -708,20 +706,18 @@ def test_a_forged_future_timestamp_cannot_keep_a_nic_down(tmp_path: Path) -> Non
             await asyncio.wait_for(child.wait(), 10)
             assert agent.model is not None
             assert agent.model["ibp93s0"].t < time.monotonic() + 60  # not 2**62 ns
-            # the hold-off (1 s) ends: RECOVERING, then a plugin fails back onto it: UP
+            # the hold-off (1 s) ends: RECOVERING, then two processes fail back onto it: UP
             await until(
                 lambda: (
                     agent.model is not None
                     and agent.model["ibp93s0"].state is health.NicState.RECOVERING
                 )
             )
-            c.send(
-                encode_event(
-                    LaneEvent(
-                        EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
-                    )
-                )
+            back = LaneEvent(
+                EventType.FAILBACK, pid=os.getpid(), nic="ibp93s0", t_ns=time.monotonic_ns()
             )
+            c.send(encode_event(back))
+            await _report_from_new_process(run_dir / "agent.sock", back)
             await until(lambda: state_of(snap(table), "ibp93s0") == NicState.UP)
         assert agent.control is not None and agent.control.counters.clamped == 2
         agent.request_stop()
@@ -747,3 +743,97 @@ def test_node_settings_from_the_policy() -> None:
         completion_ms=2500, probe_ms=0, failback_interval_ms=5000, migrate_on_suspect=True
     )
     assert node_settings(Policy.from_data({"version": 1})) == NodeSettings()
+
+
+_SENDER = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+    "s.connect(sys.argv[1]); [s.send(bytes.fromhex(m)) for m in sys.argv[2:]]; s.close()"
+)
+
+
+async def _report_from_new_process(sock: Path, *events: LaneEvent) -> None:
+    """Sends ``events`` from a fresh process (a distinct reporter, as SO_PEERCRED names it)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _SENDER, str(sock), *(encode_event(e).hex() for e in events)
+    )
+    assert await asyncio.wait_for(child.wait(), 30) == 0
+
+
+@pytest.mark.parametrize("sources", [2, 3])
+def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, sources: int) -> None:
+    """Issue 29, 1 and 4: one connection's LANE_TIMEOUT then a peer-reported one (EREMOTEIO) on
+    NIC X took X DOWN ("lane timeout corroborated by suspicion"), and so did timeouts on X, Y, X
+    (the burst guard's sourceless suspicion), with any ``corroborate_sources``. Now one process
+    only makes X SUSPECT; ``sources`` distinct processes take it DOWN. Recovery the same way:
+    one process's FAILBACK is not evidence; ``sources`` processes' are."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        POLICY.read_text().replace(
+            "  recover_probes: 0",
+            f"  recover_probes: 0\n  corroborate_sources: {sources}\n  recover_sources: {sources}",
+        )
+    )
+    run_dir = tmp_path / "run"
+    sock = run_dir / "agent.sock"
+    cfg = daemon.AgentConfig(
+        policy_path=policy, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50, reload_interval_s=1
+    )
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [])
+    table = run_dir / "health.tbl"
+    x, y = "ibp93s0", "ibp76s0"
+
+    def ev(etype: EventType, nic: str, error: int = 0) -> LaneEvent:
+        return LaneEvent(etype, pid=os.getpid(), nic=nic, t_ns=time.monotonic_ns(), error=error)
+
+    def states() -> tuple[health.NicState, health.NicState]:
+        assert agent.model is not None
+        return agent.model[x].state, agent.model[y].state
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(table) is not None)
+        assert agent.policy.health.params.corroborate_sources == sources
+        assert agent.policy.health.params.recover_sources == sources
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(sock))
+            sent = 0
+            for _ in range(3):  # repeating does not help either
+                for e in (
+                    ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT),
+                    ev(EventType.LANE_TIMEOUT, x, errno.EREMOTEIO),
+                    ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT),
+                    ev(EventType.LANE_TIMEOUT, y, errno.ETIMEDOUT),
+                    ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT),
+                    ev(EventType.LANE_ERROR, x, errno.ECONNRESET),
+                ):
+                    c.send(encode_event(e))
+                    sent += 1
+            await until(lambda: agent.stats.lane_events == sent)
+            assert states() == (health.NicState.SUSPECT, health.NicState.SUSPECT)
+            # other processes join one by one: DOWN only with the `sources`-th
+            for _ in range(sources - 2):
+                await _report_from_new_process(sock, ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
+            sent += sources - 2
+            await until(lambda: agent.stats.lane_events == sent)
+            assert states()[0] is health.NicState.SUSPECT
+            await _report_from_new_process(sock, ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
+            sent += 1
+            await until(lambda: state_of(snap(table), x) == NicState.DOWN)
+            await until(lambda: states()[0] is health.NicState.RECOVERING)  # hold-off (1 s)
+            # one process fails back onto X, repeatedly: not evidence enough
+            for _ in range(3):
+                c.send(encode_event(ev(EventType.FAILBACK, x)))
+                c.send(encode_event(ev(EventType.LANE_UP, x)))
+            sent += 6
+            await until(lambda: agent.stats.lane_events == sent)
+            t_end = time.monotonic() + 0.8  # > recover_stable (0.5 s)
+            while time.monotonic() < t_end:
+                assert states()[0] is health.NicState.RECOVERING
+                await asyncio.sleep(0.05)
+            for _ in range(sources - 1):
+                await _report_from_new_process(sock, ev(EventType.FAILBACK, x))
+            await until(lambda: state_of(snap(table), x) == NicState.UP)
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())

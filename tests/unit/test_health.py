@@ -456,3 +456,40 @@ def test_corroborate_one_and_sourceless_signals_keep_the_old_rule() -> None:
     assert step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0), p2).state is S.DOWN
     with pytest.raises(HealthError, match="corroborate_sources"):
         HealthParams(corroborate_sources=0)
+
+
+def test_one_reporters_suspicion_never_corroborates() -> None:
+    """Issue 29, 1: a Suspicion made from a lane report (a peer's EREMOTEIO, the burst guard)
+    had no source and so counted as the agent's own evidence: LaneTimeout then Suspicion of the
+    same process took the NIC DOWN. Now it never corroborates, with any corroborate_sources."""
+    for n in (2, 3):
+        p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=n)
+        h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0, source="a"), p)
+        for i in range(5):
+            h = step(h, Suspicion("nic0", 1.1 + i / 10, source="a"), p)
+            h = step(h, LaneTimeout("nic0", 1.15 + i / 10, source="a"), p)
+        assert h.state is S.SUSPECT
+        h = step(h, TcpSuspect("nic0", 1.9), p)  # the kernel agrees: DOWN
+        assert h.state is S.DOWN
+
+
+def test_recovery_evidence_needs_several_reporters() -> None:
+    """Issue 29, 4: one process's FAILBACK / LANE_UP (ProbeOk with its source) cleared SUSPECT
+    and supplied the evidence a blackholed NIC needs. Now ``corroborate_sources`` distinct
+    reporters are needed; the agent's own probe (no source) counts alone."""
+    p = dataclasses.replace(P, down_on=frozenset({"lane_timeout"}), corroborate_sources=2)
+    h = step(initial("nic0", 0.0), LaneTimeout("nic0", 1.0), p)
+    assert h.state is S.DOWN and h.need_evidence
+    h = tick(h, 1.0 + p.holdoff_initial_s, p)
+    assert h.state is S.RECOVERING
+    for i in range(5):
+        h = step(h, ProbeOk("nic0", 3.0 + i, source="a"), p)
+    assert h.state is S.RECOVERING and h.probes_ok == 0
+    h = step(h, ProbeOk("nic0", 9.0, source="b"), p)
+    h = tick(h, 10.0, p)
+    assert h.state is S.UP
+    h = step(h, Suspicion("nic0", 11.0, source="a"), p)
+    h = step(h, ProbeOk("nic0", 11.1, source="a"), p)
+    assert h.state is S.SUSPECT
+    h = step(h, ProbeOk("nic0", 11.2), p)
+    assert h.state is S.UP

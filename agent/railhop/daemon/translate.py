@@ -113,7 +113,9 @@ def health_event_from_lane(
     """A plugin's lane event as a health event: timeouts and transport errors are soft signals
     on the lane's local NIC (the state machine decides when they mean DOWN, and needs them
     corroborated by another ``source`` when they have one); a lane coming up or failing back
-    on a NIC is a successful probe of it. ``ev.t_ns`` is already clamped to the receive time."""
+    on a NIC is a successful probe of it (evidence only once several sources report one).
+    Every event made here carries ``source``: nothing a process says is the agent's own
+    evidence. ``ev.t_ns`` is already clamped to the receive time."""
     nic = alias.get(ev.nic)
     if nic is None:
         return None
@@ -121,7 +123,9 @@ def health_event_from_lane(
     if ev.type is EventType.LANE_TIMEOUT and ev.error == errno.EREMOTEIO:
         # the peer timed out on the lane and told this side: the fault may be at the peer's
         # end, and taking this NIC down would move its lanes to every other peer too
-        return health.Suspicion(nic, t, detail=f"peer-reported lane timeout, pid {ev.pid}")
+        return health.Suspicion(
+            nic, t, detail=f"peer-reported lane timeout, pid {ev.pid}", source=source
+        )
     if ev.type is EventType.LANE_TIMEOUT:
         return health.LaneTimeout(nic, t, detail=f"pid {ev.pid} conn {ev.conn_id}", source=source)
     if ev.type is EventType.LANE_ERROR:
@@ -131,7 +135,7 @@ def health_event_from_lane(
     if ev.type in (EventType.LANE_UP, EventType.FAILBACK):
         # a lane on this NIC completed its handshake / carries traffic again: the positive
         # evidence a NIC that went DOWN with its link up needs before it is offered again
-        return health.ProbeOk(nic, t)
+        return health.ProbeOk(nic, t, source=source)
     return None
 
 
@@ -259,4 +263,5 @@ class BurstGuard:
             ev.nic,
             ev.t,
             detail=f"{ev.kind.replace('_', ' ')} of pid {pid} also on {','.join(sorted(others))}",
+            source=ev.source,
         )

@@ -170,6 +170,7 @@ class Policy:
             recover_stable_s=ms(h, "recover_stable_ms", hp.recover_stable_s),
             recover_probes=int(h.get("recover_probes", hp.recover_probes)),
             corroborate_sources=int(h.get("corroborate_sources", hp.corroborate_sources)),
+            recover_sources=int(h.get("recover_sources", hp.recover_sources)),
             holdoff_initial_s=ms(f, "holdoff_initial_ms", hp.holdoff_initial_s),
             holdoff_max_s=ms(f, "holdoff_max_ms", hp.holdoff_max_s),
             holdoff_multiplier=float(f.get("multiplier", hp.holdoff_multiplier)),
