@@ -420,9 +420,12 @@ def test_lane_book() -> None:
         [5001, 5002],
         [],
     )
+    assert book.port_nic == {}  # claims only, until the kernel backs them
+    assert book.confirm([(0, "nic0", 5001), (0, "nic0", 5002)]) == [5001, 5002]
     # a second lane (another process) listening on the same port: refcounted
     assert book.update(lane(EventType.LANE_UP, "nic0", 7, 0, (5001,)), 11) == ([], [])
     assert book.update(lane(EventType.LANE_UP, "nic1", 1, 1, (6001,)), 10) == ([6001], [])
+    assert book.confirm([(0, "nic1", 6001), (0, "nic1", 7777)]) == [6001]  # 7777: no lane
     assert book.port_nic == {5001: "nic0", 5002: "nic0", 6001: "nic1"}
     assert book.per_nic() == {
         "nic0": {"lanes": 2, "connections": 2, "processes": 2},
@@ -502,7 +505,9 @@ def test_agent_lanes_status_and_tcp_suspect(tmp_path: Path) -> None:
     cfg = daemon.AgentConfig(
         policy_path=POLICY, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50, status_interval_s=0.05
     )
-    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake, slow])
+    # the ports are made up: the kernel's check (test_lane_ports_need_the_kernels_word) is
+    # replaced by one that backs every claim
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake, slow], port_check=set)
     table = run_dir / "health.tbl"
     status = run_dir / "status.json"
 
@@ -837,3 +842,61 @@ def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, so
         assert await asyncio.wait_for(task, 10) == 0
 
     asyncio.run(body())
+
+
+def test_lane_port_quota_per_uid() -> None:
+    """Issue 29, 4: 512 LANE_UP events of one job filled the TCP probe's 4096-entry map."""
+    book = daemon.LaneBook(max_ports_per_uid=3)
+    claims = []
+    for i in range(5):
+        added, _ = book.update(lane(EventType.LANE_UP, "nic0", i, 0, (6000 + i,)), 10, uid=1000)
+        claims += [(1000, "nic0", p) for p in added]
+    assert book.confirm(claims) == [6000, 6001, 6002] and book.quota_refused == 2
+    book.update(lane(EventType.LANE_UP, "nic0", 99, 0, (7000,)), 11, uid=1001)
+    assert book.confirm([(1001, "nic0", 7000)]) == [7000]  # another uid has its own quota
+    assert book.update(lane(EventType.LANE_DOWN, "nic0", 0, 0), 10) == ([], [6000])
+    assert book.confirm([(1000, "nic0", 6003)]) == [6003]  # room again
+
+
+def test_lane_ports_need_the_kernels_word(tmp_path: Path) -> None:
+    """Issue 29, 4: a port named in LANE_UP entered the eBPF port map unchecked, so a job could
+    map its own sockets (or any port) to another NIC, and that NIC's "kernel signal" then
+    corroborated the job's own words. Now sock_diag must show a socket of the reporter's uid
+    bound to that NIC holding the port. Real sockets on lo stand for the NIC ibp25s0."""
+    run_dir = tmp_path / "run"
+    slow = SlowTcpSource()
+    slow.release.set()
+    lo = socket.if_nametoindex("lo")
+    checker = daemon.PortChecker({"ibp25s0": lo}, {"ibp25s0": ("127.0.0.1",)})
+    cfg = daemon.AgentConfig(policy_path=POLICY, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50)
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [slow], port_check=checker)
+    table = run_dir / "health.tbl"
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))  # bound, never connected: nobody's lane
+    mine, theirs, unheld = held.getsockname()[1], served.getsockname()[1], free.getsockname()[1]
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: snap(table) is not None and agent.sources_ready.is_set())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(run_dir / "agent.sock"))
+            t = time.monotonic_ns()
+            # another NIC's lane naming a port held on "ibp25s0", a port nobody holds, and
+            # the real lane's ports
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp59s0", 1, 0, (mine,), t_ns=t)))
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp25s0", 2, 0, (unheld,), t_ns=t)))
+            c.send(encode_event(lane(EventType.LANE_UP, "ibp25s0", 3, 0, (mine, theirs), t_ns=t)))
+            await until(lambda: agent.stats.lane_events == 3 and not agent._claims)
+            await until(lambda: slow.ports.keys() == {mine, theirs})
+        assert agent.lanes.port_nic == {mine: "ibp25s0", theirs: "ibp25s0"}
+        agent.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    try:
+        asyncio.run(body())
+    finally:
+        for s in (listener, held, served, free):
+            s.close()

@@ -12,6 +12,8 @@ Deciding is separate from acting. The package is split by what each part does:
   probes as lane events, the burst guard;
 - :mod:`~railhop.daemon.lanes` (pure but for :func:`write_status`): the plugins' lanes, their
   ports for the TCP probe, the recent failovers, ``status.json``;
+- :mod:`~railhop.daemon.sockdiag`: who holds a TCP port (sock_diag), so that a lane's ports
+  enter the TCP probe's map only when a socket of the reporter's uid on that NIC holds them;
 - :mod:`~railhop.daemon.publish` (pure): health model + plan as the published table and as
   tracing decisions;
 - :mod:`~railhop.daemon.loop`: :class:`Agent`, which only moves data between them on one event
@@ -44,6 +46,7 @@ from railhop.daemon.config import AgentConfig, AgentError, parse_nics
 from railhop.daemon.lanes import LaneBook, write_status
 from railhop.daemon.loop import Agent, AgentStats, default_sources, plugin_nic_order, run_agent
 from railhop.daemon.publish import decisions, published_state, reason_code, to_published
+from railhop.daemon.sockdiag import PortChecker
 from railhop.daemon.translate import (
     BurstGuard,
     UsdtLaneTranslator,
@@ -59,6 +62,7 @@ __all__ = [
     "AgentStats",
     "BurstGuard",
     "LaneBook",
+    "PortChecker",
     "UsdtLaneTranslator",
     "aliases",
     "decisions",

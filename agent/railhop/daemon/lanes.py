@@ -19,22 +19,34 @@ class _Lane:
     nic: str
     conn: tuple[int, int]  # (pid, conn_id)
     ports: tuple[int, ...]
+    uid: int = 0
 
 
 class LaneBook:
     """The plugins' lanes as their lane events describe them (pure: no I/O, no clock):
     which NIC each lane uses (connections per NIC for ``railhop status``), which local TCP
-    ports belong to which NIC (the TCP probe's port map: :meth:`update` says which ports to
-    add to / remove from it) and the recent failovers and fail-backs. Lanes are keyed by
-    (peer pid as the agent sees it, connection id, lane index); bounded in size."""
+    ports belong to which NIC (the TCP probe's port map) and the recent failovers and
+    fail-backs. Lanes are keyed by (peer pid as the agent sees it, connection id, lane index);
+    bounded in size.
+
+    A port a lane names is only a claim: :meth:`update` returns the new claims (ports to
+    check) and the ports that left the map; the caller asks the kernel who holds them and
+    :meth:`confirm` maps those a socket of the claimant's uid on that NIC holds, at most
+    ``max_ports_per_uid`` per uid (the eBPF map holds 4096: one job cannot fill it)."""
 
     MAX_LANES = 65536
     MAX_FAILOVERS = 32
+    MAX_PORTS_PER_UID = 512
 
-    def __init__(self) -> None:
+    def __init__(self, max_ports_per_uid: int = MAX_PORTS_PER_UID) -> None:
         self._lanes: dict[tuple[int, int, int], _Lane] = {}
         self._refs: dict[int, int] = {}
-        self.port_nic: dict[int, str] = {}
+        self.port_nic: dict[int, str] = {}  # confirmed ports only
+        self._port_uid: dict[int, int] = {}
+        self._uid_ports: dict[int, int] = {}
+        self.max_ports_per_uid = max_ports_per_uid
+        self.quota_refused = 0
+
         self._open: dict[tuple[int, int], dict[str, Any]] = {}
         # failovers past their first completion, awaiting FAIR_SHARE
         self._ramping: dict[tuple[int, int], dict[str, Any]] = {}
@@ -42,8 +54,9 @@ class LaneBook:
         self.failover_count = 0
         self.failback_count = 0
 
-    def update(self, ev: LaneEvent, pid: int) -> tuple[list[int], list[int]]:
-        """Apply one lane event from process ``pid``; returns (ports added, ports removed)."""
+    def update(self, ev: LaneEvent, pid: int, uid: int = 0) -> tuple[list[int], list[int]]:
+        """Apply one lane event from process ``pid`` of ``uid``; returns (ports newly claimed,
+        to check and :meth:`confirm`; ports removed from the map)."""
         added: list[int] = []
         removed: list[int] = []
         key = (pid, ev.conn_id, ev.lane)
@@ -54,11 +67,10 @@ class LaneBook:
             if len(self._lanes) >= self.MAX_LANES:  # bounded: forget the oldest
                 removed += self._release(self._lanes.pop(next(iter(self._lanes))))
             ports = tuple(p for p in ev.local_ports if 0 < p < 65536)
-            self._lanes[key] = _Lane(ev.nic, (pid, ev.conn_id), ports)
+            self._lanes[key] = _Lane(ev.nic, (pid, ev.conn_id), ports, uid)
             for port in ports:
                 self._refs[port] = self._refs.get(port, 0) + 1
-                if self._refs[port] == 1:
-                    self.port_nic[port] = ev.nic
+                if port not in self.port_nic:
                     added.append(port)
         elif ev.type in (EventType.LANE_DOWN, EventType.LANE_ERROR, EventType.LANE_TIMEOUT):
             old = self._lanes.pop(key, None)
@@ -107,14 +119,41 @@ class LaneBook:
             )
         return added, [p for p in removed if p not in added]
 
+    def confirm(self, owned: list[tuple[int, str, int]]) -> list[int]:
+        """Maps the claims the kernel backs (``(uid, nic, port)``) whose lane still exists,
+        within each uid's quota; returns the ports now mapped."""
+        out = []
+        for uid, nic, port in owned:
+            if port in self.port_nic or port not in self._refs:
+                continue
+            if self._uid_ports.get(uid, 0) >= self.max_ports_per_uid:
+                self.quota_refused += 1
+                continue
+            self.port_nic[port] = nic
+            self._port_uid[port] = uid
+            self._uid_ports[uid] = self._uid_ports.get(uid, 0) + 1
+            out.append(port)
+        return out
+
+    def _unmap(self, port: int) -> bool:
+        if self.port_nic.pop(port, None) is None:
+            return False
+        uid = self._port_uid.pop(port, 0)
+        left = self._uid_ports.get(uid, 0) - 1
+        if left > 0:
+            self._uid_ports[uid] = left
+        else:
+            self._uid_ports.pop(uid, None)
+        return True
+
     def _release(self, lane: _Lane) -> list[int]:
         out = []
         for port in lane.ports:
             n = self._refs.get(port, 0) - 1
             if n <= 0:
                 self._refs.pop(port, None)
-                self.port_nic.pop(port, None)
-                out.append(port)
+                if self._unmap(port):
+                    out.append(port)
             else:
                 self._refs[port] = n
         return out

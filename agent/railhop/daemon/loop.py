@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +24,7 @@ from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.privileges import drop_capabilities, privileges
 from railhop.daemon.publish import decisions, node_settings, to_published
+from railhop.daemon.sockdiag import Claim, PortChecker
 from railhop.daemon.translate import (
     BAD_KINDS,
     BurstGuard,
@@ -136,10 +137,13 @@ class Agent:
         clock: Callable[[], int] = time.monotonic_ns,
         tracer: tracing.FailoverTracer | None = None,
         metrics: AgentMetrics | None = None,
+        port_check: Callable[[Collection[Claim]], set[Claim]] | None = None,
     ) -> None:
         """``tracer``/``metrics``: given ones are used as they are; otherwise they are built
         from ``config`` (``traces``/``trace_file``, ``metrics_port``) and the process's
-        ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves)."""
+        ``OTEL_*`` environment variables (the OTLP exporters read theirs themselves).
+        ``port_check``: which lane-port claims ``(uid, nic, port)`` the kernel backs; by
+        default sock_diag over the managed NICs (:class:`railhop.daemon.sockdiag.PortChecker`)."""
         self.config = with_absolute_paths(config)  # libbcc changes the cwd while it compiles
         self._read_topology = topology_reader
         self._load_policy = policy_loader
@@ -166,6 +170,10 @@ class Agent:
         self._netns_ino = netns_ino(os.getpid())
         self._same_netns: dict[int, bool] = {}
         self.lanes = LaneBook()
+        self._port_check = port_check
+        self._claims: dict[int, Claim] = {}  # lane ports waiting for the kernel's word
+        self._claims_next = 0.0
+        self.port_check_errors = 0
         self._burst = BurstGuard()
         self._status_dirty = True
         self._status_next = 0.0
@@ -234,6 +242,8 @@ class Agent:
         self.topology = topo
         self._alias = aliases(topo)
         names = [ifname_of(n) for n in topo.nics]
+        if self._port_check is None:
+            self._port_check = PortChecker.for_nics(names, self.config.sys_root)
         self.model = health.HealthModel.create(
             names,
             self._now(),
@@ -397,7 +407,7 @@ class Agent:
         )
         if hev is not None:
             hev = self._burst.filter(hev, pid)
-        self._book_lane(rx.event, pid)
+        self._book_lane(rx.event, pid, rx.peer.uid)
         if rx.event.type is not EventType.LANE_TIMEOUT:
             self._socket_lane_pids.add(pid)
         if self.metrics is not None:
@@ -406,11 +416,46 @@ class Agent:
             self.tracer.lane_event(rx.event, pid, self._clock())
         return hev
 
-    def _book_lane(self, ev: LaneEvent, pid: int) -> None:
-        """Lane bookkeeping for status.json and the TCP probe's port map."""
-        added, removed = self.lanes.update(ev, pid)
+    MAX_CLAIMS = 65536
+    CLAIM_CHECK_S = 0.05  # claims are checked in batches: one kernel walk per batch
+
+    def _book_lane(self, ev: LaneEvent, pid: int, uid: int) -> None:
+        """Lane bookkeeping for status.json; the lane's ports become claims that
+        :meth:`_check_claims` verifies before they enter the TCP probe's port map."""
+        added, removed = self.lanes.update(ev, pid, uid)
         if ev.type is not EventType.LANE_TIMEOUT or removed:
             self._status_dirty = True
+        for port in added:
+            if len(self._claims) < self.MAX_CLAIMS:
+                self._claims[port] = (uid, ev.nic, port)
+        for port in removed:
+            self._claims.pop(port, None)
+        self._update_port_maps([], removed)
+
+    def _check_claims(self, now: float) -> None:
+        """Asks the kernel (sock_diag) who holds the claimed ports: a port enters the port map
+        only when a socket of the claimant's uid bound to that NIC holds it, within the uid's
+        quota (:meth:`LaneBook.confirm`)."""
+        if not self._claims or now < self._claims_next or self._port_check is None:
+            return
+        self._claims_next = now + self.CLAIM_CHECK_S
+        batch = list(self._claims.values())
+        self._claims.clear()
+        try:
+            owned = self._port_check(batch)
+        except OSError as e:
+            self.port_check_errors += 1
+            if self.port_check_errors == 1:
+                log.warning("cannot check lane ports with sock_diag (not mapped): %s", e)
+            return
+        mapped = self.lanes.confirm([c for c in batch if c in owned])
+        if len(owned) < len(batch):
+            log.debug(
+                "lane ports not held by their claimant on that NIC: %d", len(batch) - len(owned)
+            )
+        self._update_port_maps(mapped, [])
+
+    def _update_port_maps(self, added: Sequence[int], removed: Sequence[int]) -> None:
         if not added and not removed:
             return
         for src in self.sources.sources():
@@ -615,6 +660,8 @@ class Agent:
             deadline = self.model.next_deadline()
             if deadline is not None:
                 wake.append(deadline)
+            if self._claims:
+                wake.append(self._claims_next)
             timeout = max(0.0, min(wake) - now)
             get = asyncio.ensure_future(self._inbox.get())
             stop = asyncio.ensure_future(self._stop.wait())
@@ -632,6 +679,7 @@ class Agent:
             else:
                 get.cancel()
             now = self._now()
+            self._check_claims(now)
             self.model, trs = self.model.tick(now)
             for tr in trs:
                 self._transition(tr)
