@@ -273,3 +273,84 @@ def test_a_flood_is_rate_limited_per_process_and_per_uid() -> None:
         srv.feed(data, flood)
     assert srv.counters.events == 51 + 10
     assert srv.queue.qsize() == 61
+
+
+@pytest.mark.privileged  # root: starts a process of another uid
+def test_client_slots_are_per_uid() -> None:
+    """Issue 29, 5: the 256 client slots were shared by all uids: one job could hold them all
+    and lock every other job out of agent.sock. Now one uid (for root: one cgroup) holds at
+    most ``max_clients_per_group``; another uid still gets in."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    run_dir = Path(tempfile.mkdtemp(prefix="railhop-slots-"))  # reachable by uid 65534
+    run_dir.chmod(0o755)
+
+    async def body() -> None:
+        async with ControlPlane(
+            run_dir, heartbeat_ms=0, any_uid=True, max_clients=8, max_clients_per_group=3
+        ) as cp:
+            mine = [client(cp.socket_path) for _ in range(3)]
+            await until(lambda: len(cp.clients) == 3)
+            extra = client(cp.socket_path)
+            await until(lambda: cp.counters.clients_refused == 1)
+            assert extra.recv(10) == b""
+            assert cp.counters.clients_refused_by_uid[os.getuid()] == 1
+            # another uid: its own slots
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)"
+                    "; s.connect(sys.argv[1]); s.recv(1)",
+                    str(cp.socket_path),
+                ],
+                user=65534,
+            )
+            try:
+                await until(lambda: any(c.uid == 65534 for c in cp.clients))
+                assert len(cp.clients) == 4 and cp.counters.clients_refused == 1
+            finally:
+                child.kill()
+                child.wait(10)
+            for s in (*mine, extra):
+                s.close()
+
+    try:
+        run(body)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_root_processes_are_budgeted_per_cgroup(tmp_path: Path) -> None:
+    """Issue 29, 5: every root container shared uid 0's one rate budget, so one container's
+    flood starved the others. Root's processes are now told apart by their cgroup."""
+    from railhop.control.server import EventServer, PeerCred, group_of
+
+    for pid, cg in ((100, "0::/kubepods/pod-a"), (101, "0::/kubepods/pod-a"), (200, "0::/pod-b")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(cg + "\n")
+    assert group_of(PeerCred(100, 0, 0), tmp_path) == group_of(PeerCred(101, 0, 0), tmp_path)
+    assert group_of(PeerCred(100, 0, 0), tmp_path) != group_of(PeerCred(200, 0, 0), tmp_path)
+    assert group_of(PeerCred(100, 1000, 0), tmp_path) == (1000, "")  # others: by uid
+    assert group_of(PeerCred(999, 0, 0), tmp_path) == (0, "")  # unreadable: root's group
+    srv = EventServer(
+        Path("/nonexistent/agent.sock"),
+        allowed_uids={0},
+        queue_size=100000,
+        rate_per_process=(10.0, 1000.0),
+        rate_per_uid=(10.0, 30.0),
+        clock=lambda: 10**12,
+    )
+    data = encode_event(LaneEvent(EventType.LANE_TIMEOUT, pid=1, nic="nic0", t_ns=1))
+    for pid in (100, 101):
+        cred = PeerCred(pid, 0, 0)
+        for _ in range(100):
+            srv.feed(data, cred, group_of(cred, tmp_path))
+    assert srv.counters.events == 30  # pod-a's budget, both of its processes together
+    other = PeerCred(200, 0, 0)
+    for _ in range(10):
+        srv.feed(data, other, group_of(other, tmp_path))
+    assert srv.counters.events == 40  # pod-b is not starved

@@ -63,6 +63,7 @@ class ControlCounters:
     rate_limited: int = 0
     rate_limited_by_uid: dict[int, int] = field(default_factory=dict)
     clamped: int = 0
+    clients_refused_by_uid: dict[int, int] = field(default_factory=dict)
     file_write_errors: int = 0  # status.json and other run-directory files not written
 
 
@@ -77,6 +78,7 @@ class ControlPlane:
         group_gid: int | None = None,
         any_uid: bool = False,
         max_clients: int = 256,
+        max_clients_per_group: int = 32,
         queue_size: int = 4096,
         rate_per_process: tuple[float, float] = (200.0, 1000.0),
         rate_per_uid: tuple[float, float] = (1000.0, 5000.0),
@@ -85,7 +87,8 @@ class ControlPlane:
         """Who may send events: root, the agent's own uid, ``owner_uid`` (the socket is given
         to it), ``allowed_uids``, members of ``group_gid`` (the socket is 0660 of that group),
         or, with ``any_uid``, everyone (0666). Events are attributed to the sender's uid and pid
-        and rate-limited per process and per uid (events per second, burst)."""
+        and rate-limited per process and per uid (events per second, burst; root's processes
+        per cgroup); one uid holds at most ``max_clients_per_group`` of the ``max_clients``."""
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.owner_uid = owner_uid
         self.heartbeat_ms = heartbeat_ms
@@ -104,6 +107,7 @@ class ControlPlane:
             group_gid=group_gid,
             any_uid=any_uid,
             max_clients=max_clients,
+            max_clients_per_group=max_clients_per_group,
             queue_size=queue_size,
             rate_per_process=rate_per_process,
             rate_per_uid=rate_per_uid,
@@ -221,6 +225,7 @@ class ControlPlane:
             rate_limited=c.rate_limited,
             rate_limited_by_uid=dict(c.rate_limited_by_uid),
             clamped=c.clamped,
+            clients_refused_by_uid=dict(c.clients_refused_by_uid),
             file_write_errors=self.file_write_errors,
         )
 

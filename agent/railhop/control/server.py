@@ -6,15 +6,17 @@ Security and robustness:
 - at accept the peer's credentials (SO_PEERCRED, kernel-verified) must name an allowed uid
   (the agent's, root's, the configured job owner), a member of the configured group
   (SO_PEERGROUPS), or any uid when so configured; other peers are closed and counted;
-- every event is attributed to its peer's uid and pid and rate-limited per process and per uid
-  (token buckets): a flood from one job is dropped and counted, and cannot fill the daemon's
-  queue for the others;
+- every event is attributed to its peer's uid and pid and rate-limited per process and per
+  group (token buckets): a flood from one job is dropped and counted, and cannot fill the
+  daemon's queue for the others. A group is a uid, except for root, whose processes are told
+  apart by their cgroup (every root container would otherwise share uid 0's one budget);
 - an event's ``t_ns`` is clamped to the receive time: a sender cannot date an event in the
   future (a forged 2**62 would have frozen the NIC's state machine);
 - each message is read with a bounded buffer (MAX_MSG + 1); longer messages are truncated by
   the kernel, flagged MSG_TRUNC and dropped; malformed ones are dropped and counted by reason;
-- at most ``max_clients`` connections, each read at most ``burst`` messages per wake-up, and a
-  bounded queue towards the daemon (overflow counted): a flood cannot starve the loop or grow
+- at most ``max_clients`` connections, at most ``max_clients_per_group`` of them from one
+  group (one uid cannot take every slot), each read at most ``burst`` messages per wake-up, and
+  a bounded queue towards the daemon (overflow counted): a flood cannot starve the loop or grow
   memory.
 
 asyncio has no SOCK_SEQPACKET server, so the sockets are driven with ``loop.add_reader``.
@@ -94,7 +96,8 @@ class ServerCounters:
     clients_accepted: int = 0
     clients_closed: int = 0
     peers_rejected: int = 0  # wrong uid (SO_PEERCRED)
-    clients_refused: int = 0  # over max_clients
+    clients_refused: int = 0  # over max_clients or max_clients_per_group
+    clients_refused_by_uid: Counter[int] = field(default_factory=Counter)
     events: int = 0  # decoded and queued
     malformed: int = 0  # all drops for bad content, by reason below
     malformed_by_reason: Counter[str] = field(default_factory=Counter)
@@ -105,11 +108,27 @@ class ServerCounters:
 
 
 class _Client:
-    __slots__ = ("cred", "sock")
+    __slots__ = ("cred", "group", "sock")
 
-    def __init__(self, sock: socket.socket, cred: PeerCred) -> None:
+    def __init__(self, sock: socket.socket, cred: PeerCred, group: Group) -> None:
         self.sock = sock
         self.cred = cred
+        self.group = group
+
+
+Group = tuple[int, str]  # (uid, cgroup path for root's processes, else "")
+
+
+def group_of(cred: PeerCred, proc_root: Path = Path("/proc")) -> Group:
+    """Whose budget and client slots an event uses: its uid, and for root its cgroup (read from
+    ``<proc_root>/<pid>/cgroup``; unreadable: root's shared group)."""
+    if cred.uid != 0:
+        return (cred.uid, "")
+    try:
+        text = (proc_root / str(cred.pid) / "cgroup").read_text()
+    except OSError:
+        return (0, "")
+    return (0, text.strip()[:4096])
 
 
 def peer_groups(sock: socket.socket) -> frozenset[int]:
@@ -140,13 +159,16 @@ class EventServer:
         group_gid: int | None = None,
         any_uid: bool = False,
         max_clients: int = 256,
+        max_clients_per_group: int = 32,
         queue_size: int = 4096,
         burst: int = 64,
         rate_per_process: tuple[float, float] = (200.0, 1000.0),
         rate_per_uid: tuple[float, float] = (1000.0, 5000.0),
         clock: Callable[[], int] = time.monotonic_ns,
+        proc_root: Path = Path("/proc"),
     ) -> None:
-        """``rate_per_process`` / ``rate_per_uid``: (events per second, burst)."""
+        """``rate_per_process`` / ``rate_per_uid``: (events per second, burst); the per-uid
+        budget is per group (:func:`group_of`)."""
         self.path = Path(path)
         self.allowed_uids = frozenset(allowed_uids)
         self.owner_uid = owner_uid
@@ -156,6 +178,9 @@ class EventServer:
         self._per_uid = RateLimiter(*rate_per_uid)
         self._clock = clock
         self.max_clients = max_clients
+        self.max_clients_per_group = max_clients_per_group
+        self.proc_root = proc_root
+        self._group_clients: Counter[Group] = Counter()
         self.burst = burst
         self.counters = ServerCounters()
         self.queue: asyncio.Queue[ReceivedEvent | None] = asyncio.Queue(queue_size)
@@ -244,12 +269,18 @@ class EventServer:
                 self.counters.peers_rejected += 1
                 conn.close()
                 continue
-            if len(self._clients) >= self.max_clients:
+            group = group_of(cred, self.proc_root)
+            if (
+                len(self._clients) >= self.max_clients
+                or self._group_clients[group] >= self.max_clients_per_group
+            ):
                 self.counters.clients_refused += 1
+                self.counters.clients_refused_by_uid[cred.uid] += 1
                 conn.close()
                 continue
             conn.setblocking(False)
-            client = _Client(conn, cred)
+            client = _Client(conn, cred, group)
+            self._group_clients[group] += 1
             self._clients[conn.fileno()] = client
             self.counters.clients_accepted += 1
             self._loop.add_reader(conn.fileno(), self._on_readable, client)
@@ -264,6 +295,9 @@ class EventServer:
     def _drop_client(self, client: _Client) -> None:
         fd = client.sock.fileno()
         if fd >= 0 and self._clients.pop(fd, None) is not None:
+            self._group_clients[client.group] -= 1
+            if self._group_clients[client.group] <= 0:
+                del self._group_clients[client.group]
             assert self._loop is not None
             self._loop.remove_reader(fd)
             self.counters.clients_closed += 1
@@ -284,16 +318,16 @@ class EventServer:
             if flags & socket.MSG_TRUNC:
                 self._count_malformed("oversize")
                 continue
-            self.feed(data, client.cred)
+            self.feed(data, client.cred, client.group)
 
     def _count_malformed(self, reason: str) -> None:
         self.counters.malformed += 1
         self.counters.malformed_by_reason[reason] += 1
 
-    def feed(self, data: bytes, cred: PeerCred) -> None:
+    def feed(self, data: bytes, cred: PeerCred, group: Group | None = None) -> None:
         """Decodes one message from ``cred`` and queues it; never raises. Over its process's or
-        its uid's rate limit the event is dropped and counted; a future ``t_ns`` becomes the
-        receive time."""
+        its group's rate limit (``group``: the uid's by default) the event is dropped and
+        counted; a future ``t_ns`` becomes the receive time."""
         try:
             ev = decode_event(data)
         except EventDecodeError as e:
@@ -302,7 +336,7 @@ class EventServer:
         now = self._clock()
         # the process's bucket first: a process over its own limit does not use up its uid's
         if not self._per_pid.allow(("pid", cred.uid, cred.pid), now) or not self._per_uid.allow(
-            ("uid", cred.uid), now
+            group if group is not None else (cred.uid, ""), now
         ):
             self.counters.rate_limited += 1
             self.counters.rate_limited_by_uid[cred.uid] += 1
