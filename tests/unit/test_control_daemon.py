@@ -938,3 +938,50 @@ def test_lane_event_cost_is_flat_at_100k_lanes(tmp_path: Path) -> None:
     assert sum(metrics._per_nic.values()) == metrics.MAX_LANES  # bounded, oldest forgotten
     loaded = per_event()
     assert loaded < 3 * empty + 20e-6, (empty, loaded)
+
+
+def test_the_agent_survives_its_table_being_truncated(tmp_path: Path) -> None:
+    """Issue 29, 7: ``truncate -s 0 health.tbl`` (any root job that mounts the run directory)
+    killed the agent with SIGBUS at its next heartbeat (a store through its shared mapping).
+    The agent now writes with pwrite and rewrites a table it finds short: truncated 20 times
+    while a plugin sends lane events, it stays up, the table comes back whole each time with a
+    live heartbeat, and it still stops cleanly. (The agent runs in a child process: the old
+    code's SIGBUS would kill pytest.)"""
+    run_dir = tmp_path / "run"
+    table = run_dir / "health.tbl"
+    code = (
+        "import sys; from pathlib import Path; from railhop import daemon; "
+        "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
+        "sys_root=Path(sys.argv[2]), sources=(), heartbeat_ms=20)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(DGX)], env=env)
+
+    def wait_whole(after_ns: int) -> TableSnapshot:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None, f"agent died ({proc.returncode})"
+            s = snap(table)
+            if s is not None and s.heartbeat_ns > after_ns and len(s.nics) > 0:
+                return s
+            assert time.monotonic() < deadline, "table not restored before the deadline"
+            time.sleep(0.005)
+
+    try:
+        first = wait_whole(0)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+            c.connect(str(run_dir / "agent.sock"))
+            for i in range(20):
+                for k in range(5):  # traffic around every cut
+                    etype = EventType.LANE_UP if k % 2 == 0 else EventType.LANE_DOWN
+                    c.send(encode_event(lane(etype, "ibp25s0", i, k, t_ns=time.monotonic_ns())))
+                os.truncate(table, 0)
+                cut_ns = time.monotonic_ns()
+                s = wait_whole(cut_ns)
+                assert s.generation == first.generation and s.agent_pid == proc.pid
+                assert {n.ifname for n in s.nics} == {n.ifname for n in first.nics}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    assert read_table(table).agent_gone

@@ -157,6 +157,31 @@ def test_mark_gone_and_heartbeat(tmp_path: Path) -> None:
     w.close()
 
 
+def test_a_truncated_table_is_rewritten_whole(tmp_path: Path) -> None:
+    """Issue 29, 7: the writer stored through a shared mapping, so a truncated file raised
+    SIGBUS in the agent. It writes with pwrite now and restores a short table (header and the
+    last publish) at the next heartbeat or publish."""
+    now = [1000]
+    path = tmp_path / "health.tbl"
+    w = TableWriter(path, heartbeat_ms=50, clock=lambda: now[0])
+    w.publish(nics4(), PLANS)
+    before = read_table(path)
+    for cut in (0, 100, layout.TABLE_SIZE - 1):
+        os.truncate(path, cut)
+        with pytest.raises(TableError):
+            read_table(path)
+        now[0] += 1
+        w.heartbeat()
+        snap = read_table(path)
+        assert snap.heartbeat_ns == now[0] and snap.generation == before.generation
+        assert snap.nics == before.nics and snap.plans == before.plans
+    os.truncate(path, 0)
+    w.publish(nics4()[:2], {})  # a publish restores too
+    assert read_table(path).nics == tuple(nics4()[:2])
+    assert w.restored == 4 and w.write_errors == 0
+    w.close()
+
+
 def _image(tmp_path: Path) -> bytearray:
     w = TableWriter(tmp_path / "health.tbl")
     w.publish(nics4(), PLANS)

@@ -64,6 +64,8 @@ class ControlCounters:
     rate_limited_by_uid: dict[int, int] = field(default_factory=dict)
     clamped: int = 0
     clients_refused_by_uid: dict[int, int] = field(default_factory=dict)
+    table_restored: int = 0  # health.tbl found truncated and rewritten
+    table_write_errors: int = 0
     file_write_errors: int = 0  # status.json and other run-directory files not written
 
 
@@ -226,6 +228,8 @@ class ControlPlane:
             rate_limited_by_uid=dict(c.rate_limited_by_uid),
             clamped=c.clamped,
             clients_refused_by_uid=dict(c.clients_refused_by_uid),
+            table_restored=self.table.restored,
+            table_write_errors=self.table.write_errors,
             file_write_errors=self.file_write_errors,
         )
 

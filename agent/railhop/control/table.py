@@ -1,11 +1,19 @@
 """The agent's side of the health table: the seqlock writer, and a reader for tools and tests.
 
 The writer creates ``health.tbl`` at its first publish (a temp file renamed into place, so a
-reader never maps a half-initialised file) and then updates it in place:
+reader never maps a half-initialised file) and then updates it in place with ``pwrite(2)``:
 
 1. store ``seq + 1`` (odd: "writing"),
-2. copy the body, NIC and plan arrays,
+2. write the body, NIC and plan arrays,
 3. store ``seq + 2`` (even: "stable").
+
+No shared mapping on the writer's side either: root (any job that mounts the run directory
+read-write as root) can ``truncate -s 0 health.tbl``, and a store through a mapping of a
+truncated file raises SIGBUS, which killed the agent silently (issue 29, 7). A write to a
+truncated file cannot fault; the writer checks the file's size at every heartbeat and
+publish, and a table found short is re-extended and rewritten whole (header and the last
+publish; counted in ``restored``). Readers in between see a short or zeroed file and refuse
+it, as they refuse a missing table.
 
 A reader accepts a copy only when it read the same even ``seq`` before and after copying *and*
 the CRC over the copy matches. On x86-64 (TSO) stores become visible in program order, so the
@@ -17,7 +25,6 @@ never acted upon. ``heartbeat_ns`` lives outside the seqlock and is one aligned 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import stat
 import struct
@@ -105,8 +112,12 @@ class TableWriter:
         self._clock = clock
         self._proc_root = proc_root
         self._dir_fd = dir_fd
-        self._mm: mmap.mmap | None = None
         self._fd = -1
+        self._header = b""
+        self._payload: Payload | None = None
+        self._seq = 0
+        self.restored = 0  # times the table was found truncated and rewritten
+        self.write_errors = 0  # writes that failed (ENOSPC...): retried at the next heartbeat
         self.generation = 0
         self.publish_count = 0
         self.truncated_plans = 0  # plans cut to MAX_BACKUPS entries
@@ -119,7 +130,7 @@ class TableWriter:
 
     @property
     def created(self) -> bool:
-        return self._mm is not None
+        return self._fd >= 0
 
     def publish(self, nics: Sequence[NicHealth], plans: Plans) -> int:
         """Publishes NIC health and plans; returns the publish count. Bad input: TableError,
@@ -152,7 +163,7 @@ class TableWriter:
             heartbeat_ms=self.heartbeat_ms,
             settings=self.settings,
         )
-        if self._mm is None:
+        if self._fd < 0:
             self._create()
         self._write(payload)
         self.publish_count = count
@@ -165,13 +176,19 @@ class TableWriter:
         return count
 
     def heartbeat(self) -> None:
-        """One aligned 8-byte store of CLOCK_MONOTONIC; readers go stale without it."""
-        if self._mm is not None:
-            _U64.pack_into(self._mm, HEARTBEAT_OFFSET, self._clock())
+        """One aligned 8-byte write of CLOCK_MONOTONIC; readers go stale without it. Restores
+        a truncated table first. Never raises: a failed write is counted and retried."""
+        if self._fd < 0:
+            return
+        try:
+            self._restore_if_short()
+            os.pwrite(self._fd, _U64.pack(self._clock()), HEARTBEAT_OFFSET)
+        except OSError:
+            self.write_errors += 1
 
     def mark_gone(self) -> None:
         """Clean shutdown: re-publish the last content with the AGENT_GONE flag set."""
-        if self._mm is None:
+        if self._fd < 0:
             return
         self._flags |= F_AGENT_GONE
         nics, plans = self._last
@@ -189,9 +206,6 @@ class TableWriter:
         self._write(payload)
 
     def close(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -211,14 +225,14 @@ class TableWriter:
             fd, tmp = create_temp(dfd, self.path.name, 0o644)
             try:
                 os.ftruncate(fd, TABLE_SIZE)
-                mm = mmap.mmap(fd, TABLE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                mm[0:BODY_OFFSET] = encode_header(
+                header = encode_header(
                     agent_pid=pid,
                     agent_start_ticks=ticks,
                     agent_pidns=pidns,
                     generation=self.generation,
                     heartbeat_ns=self._clock(),
                 )
+                _pwrite_all(fd, header, 0)
                 install(dfd, tmp, self.path.name)
             except BaseException:
                 os.close(fd)
@@ -229,20 +243,57 @@ class TableWriter:
             if dfd != self._dir_fd:
                 os.close(dfd)
         self._fd = fd
-        self._mm = mm
+        self._header = header
+
+    def _restore_if_short(self) -> None:
+        """A table someone truncated (or cut short) is extended back and rewritten whole."""
+        if os.fstat(self._fd).st_size >= TABLE_SIZE:
+            return
+        self.restored += 1
+        os.ftruncate(self._fd, TABLE_SIZE)
+        header = bytearray(self._header)
+        _U64.pack_into(header, HEARTBEAT_OFFSET, self._clock())
+        _pwrite_all(self._fd, bytes(header), 0)
+        if self._payload is not None:
+            self._write_payload(self._payload)
 
     def _write(self, payload: Payload) -> None:
-        mm = self._mm
-        assert mm is not None
-        seq = _U64.unpack_from(mm, SEQ_OFFSET)[0] & ~1
-        _U64.pack_into(mm, SEQ_OFFSET, seq + 1)
+        """Publishes ``payload``; a failed write is counted (the next heartbeat restores a
+        short table, the next publish rewrites the payload), never raised into the loop."""
         try:
-            mm[BODY_OFFSET:NICS_OFFSET] = payload.body
-            mm[NICS_OFFSET:PLANS_OFFSET] = payload.nics
-            mm[PLANS_OFFSET:TABLE_SIZE] = payload.plans
+            self._restore_if_short()
+            self._write_payload(payload)
+        except OSError:
+            self.write_errors += 1
+        self._payload = payload
+
+    def _write_payload(self, payload: Payload) -> None:
+        if (len(payload.body), len(payload.nics), len(payload.plans)) != (
+            NICS_OFFSET - BODY_OFFSET,
+            PLANS_OFFSET - NICS_OFFSET,
+            TABLE_SIZE - PLANS_OFFSET,
+        ):
+            raise TableError("payload does not match the table layout")
+        seq = self._seq & ~1
+        os.pwrite(self._fd, _U64.pack(seq + 1), SEQ_OFFSET)
+        self._seq = seq + 1
+        try:
+            _pwrite_all(self._fd, payload.body + payload.nics + payload.plans, BODY_OFFSET)
         finally:
             # even if interrupted half-way: an even seq over a torn payload fails the CRC
-            _U64.pack_into(mm, SEQ_OFFSET, seq + 2)
+            os.pwrite(self._fd, _U64.pack(seq + 2), SEQ_OFFSET)
+            self._seq = seq + 2
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes every byte of ``data`` at ``offset`` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(0, f"pwrite wrote {n} bytes")
+        view = view[n:]
+        offset += n
 
 
 def read_table(path: Path, *, tries: int = 64) -> TableSnapshot:
