@@ -985,3 +985,63 @@ def test_the_agent_survives_its_table_being_truncated(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert read_table(table).agent_gone
+
+
+def _task_caps(pid: int) -> dict[str, tuple[int, int]]:
+    """Every thread of ``pid``: "name/tid" -> (CapEff, CapPrm)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        f = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        out[f"{f['Name'].strip()}/{tid}"] = (int(f["CapEff"], 16), int(f["CapPrm"], 16))
+    return out
+
+
+@pytest.mark.privileged  # root: the agent must start with capabilities to drop
+def test_no_thread_keeps_a_capability_after_start(tmp_path: Path) -> None:
+    """Issue 29, 8: the drop was per thread and came after the metrics thread started: with a
+    metrics port (and a trace file) threads of the running agent kept every capability, and
+    `railhop status` read only its own thread and said "none". Now every thread of the agent
+    (checked over /proc/PID/task) holds none once the sources have started, and the status
+    reports the whole process."""
+    from railhop.control.status import format_agent, read_status_doc
+
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys; from pathlib import Path; from railhop import daemon; "
+        "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
+        "sys_root=Path(sys.argv[2]), sources=(), metrics_port=0, trace_file=Path(sys.argv[3]), "
+        "drop_capabilities=True, status_interval_s=0.05)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(run_dir), str(DGX), str(tmp_path / "traces.jsonl")],
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, "agent exited early"
+            doc = (
+                read_status_doc(run_dir / "status.json")
+                if (run_dir / "status.json").exists()
+                else None
+            )
+            priv = (doc or {}).get("privileges") or {}
+            if priv.get("threads") and not priv.get("effective"):
+                break
+            assert time.monotonic() < deadline, f"capabilities still held: {priv}"
+            time.sleep(0.05)
+        caps = _task_caps(proc.pid)
+        assert len(caps) >= 2, caps  # the metrics endpoint's thread at least
+        assert all(c == (0, 0) for c in caps.values()), caps
+        assert priv["threads"] >= 2 and priv["threads_with_capabilities"] == []
+        text = "\n".join(format_agent(doc or {}))
+        assert "capabilities none" in text and f"over {priv['threads']} threads" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()

@@ -182,7 +182,8 @@ def status_to_dict(
 
 
 def format_agent(doc: Mapping[str, Any]) -> list[str]:
-    """The agent's privileges and its trace export's health, from ``status.json``."""
+    """The agent's privileges (the union over all its threads, and each thread that holds a
+    capability) and its trace export's health, from ``status.json``."""
     out: list[str] = []
     priv = doc.get("privileges")
     if isinstance(priv, Mapping) and priv:
@@ -193,7 +194,17 @@ def format_agent(doc: Mapping[str, Any]) -> list[str]:
             f"{'yes' if priv.get('no_new_privs') else 'no'}, capabilities "
             f"{' '.join(str(c).removeprefix('CAP_').lower() for c in caps) or 'none'}"
             + (f" (beyond what it needs: {' '.join(str(c) for c in beyond)})" if beyond else "")
+            + (f", over {priv.get('threads')} threads" if priv.get("threads") else "")
         )
+        holders = priv.get("threads_with_capabilities")
+        if isinstance(holders, list):
+            for t in holders:
+                if isinstance(t, Mapping):
+                    eff = t.get("effective") or []
+                    out.append(
+                        f"  thread {t.get('name')} ({t.get('tid')}): "
+                        + (" ".join(str(c).removeprefix("CAP_").lower() for c in eff) or "none")
+                    )
     exports = doc.get("export")
     if isinstance(exports, list):
         if not exports:

@@ -5,12 +5,14 @@ lane events, the health model, the planner and the published table (see :mod:`ra
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +24,12 @@ from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
 from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
-from railhop.daemon.privileges import drop_capabilities, privileges
+from railhop.daemon.privileges import (
+    drop_all_in_this_thread,
+    drop_capabilities,
+    privileges,
+    unprivileged,
+)
 from railhop.daemon.publish import decisions, node_settings, to_published
 from railhop.daemon.sockdiag import Claim, PortChecker
 from railhop.daemon.translate import (
@@ -182,6 +189,7 @@ class Agent:
         self._export_seen: tuple[tuple[int, int], ...] = ()
         self._wake = asyncio.Event()
         self._metrics_retry: asyncio.Task[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def _now(self) -> float:
         return self._clock() / 1e9
@@ -264,12 +272,16 @@ class Agent:
             for nic, h in self.model.nics.items():
                 self.metrics.nic_state_changed(nic, h.state.value)
         if self.tracer is None and (cfg.traces or cfg.trace_file is not None):
-            try:
-                sinks, _res = tracing.sinks_from_env(
-                    os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"},
-                    trace_file=cfg.trace_file,
-                    health=self.export_health,
+            env = os.environ if cfg.traces else {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+
+            def make_sinks() -> Any:
+                return tracing.sinks_from_env(
+                    env, trace_file=cfg.trace_file, health=self.export_health
                 )
+
+            try:
+                # the exporters' threads never need a capability: started without any
+                sinks, _res = unprivileged(make_sinks) if cfg.drop_capabilities else make_sinks()
             except tracing.TracingError as e:
                 raise AgentError(str(e)) from e
             topo = self.topology
@@ -292,8 +304,10 @@ class Agent:
     def _start_metrics_server(self) -> bool:
         assert self.metrics_server is not None
         cfg = self.config
+        server = self.metrics_server
         try:
-            port = self.metrics_server.start()
+            # its serving and request threads never need a capability: started without any
+            port = unprivileged(server.start) if cfg.drop_capabilities else server.start()
         except MetricsError as e:
             self.stats.metrics_bind_failures += 1
             if self.stats.metrics_bind_failures == 1:
@@ -562,6 +576,11 @@ class Agent:
         self._load_initial_policy()
         self._setup_model()
         cfg = self.config
+        if cfg.drop_capabilities:
+            # the loop's worker threads (to_thread): replaced by capability-less ones once the
+            # sources have started (:meth:`_drop_capabilities`)
+            self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rh-io")
+            self._loop.set_default_executor(self._executor)
         self.control = ControlPlane(
             cfg.run_dir,
             heartbeat_ms=cfg.heartbeat_ms,
@@ -600,9 +619,14 @@ class Agent:
             await self._shutdown(pump)  # marks the table gone, whatever ended the loop
         return 0
 
+    CAPS_SETTLE_S = 5.0  # how long threads that started with capabilities get to exit
+
     async def _drop_capabilities(self) -> None:
         """Once every source has started (probes attached or given up), the loop thread keeps
-        only what it still needs (:mod:`railhop.daemon.privileges`)."""
+        only what it still needs (:mod:`railhop.daemon.privileges`), the loop's worker threads
+        are replaced by ones that drop every capability at their start, and the whole process
+        is checked: a thread still holding a capability is logged (and shown by ``railhop
+        status``)."""
         await self.sources.ready.wait()
         keep = {"CAP_SYS_PTRACE"} if self.config.usdt_lib is not None else set()
         try:
@@ -610,11 +634,33 @@ class Agent:
         except OSError as e:
             log.warning("cannot drop capabilities: %s", e)
             return
+        old = self._executor
+        if old is not None and self._loop is not None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                thread_name_prefix="rh-io", initializer=drop_all_in_this_thread
+            )
+            self._loop.set_default_executor(self._executor)
+            old.shutdown(wait=False)  # its idle threads exit now, busy ones after their task
         if dropped:
             log.info(
                 "probes attached: dropped %s; keeping %s",
                 " ".join(dropped),
                 " ".join(sorted(keep)) or "no capability",
+            )
+        me = threading.get_native_id()
+        deadline = time.monotonic() + self.CAPS_SETTLE_S
+        while True:
+            left = [
+                t
+                for t in privileges().get("threads_with_capabilities", [])
+                if t["tid"] != me or not set(t["effective"]) <= keep
+            ]
+            if not left or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for t in left:
+            log.warning(
+                "thread %s (%d) still holds %s", t["name"], t["tid"], " ".join(t["effective"])
             )
         self._status_dirty = True
 

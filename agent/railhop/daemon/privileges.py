@@ -18,16 +18,27 @@ Once every source has started (its probes attached), the agent's loop thread kee
 it still does (read ring buffers and maps through descriptors it holds, update the TCP probe's
 port map, write its run directory as uid 0, read job processes' ``/proc`` entries) needs no
 capability beyond that.
+
+Capabilities are per thread, and a thread inherits its creator's at creation: dropping them in
+the loop thread left the metrics endpoint's threads (started before) with every capability
+(issue 29, 8). So threads that never need one are started from :func:`unprivileged` (a
+short-lived thread that drops everything first: what it starts inherits nothing), the loop's
+worker threads are replaced by ones that drop at their start, and :func:`privileges` reports
+every thread of the process (``/proc/<pid>/task``), not only the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # bit numbers from linux/capability.h
 CAP_NAMES = [
@@ -134,17 +145,81 @@ def drop_capabilities(keep: Iterable[str]) -> list[str]:
     return cap_names(permitted & ~want)
 
 
-def privileges(status: Path = Path("/proc/thread-self/status")) -> dict[str, Any]:
-    """{uid, effective, permitted, bounding, no_new_privs, beyond_needed} of the calling
-    thread (the agent's loop: the thread that reads every job's input); {} where unreadable."""
+def drop_all_in_this_thread() -> None:
+    """Drops every capability of the calling thread; quietly does nothing where it has none or
+    the kernel refuses (the process-wide report still shows such a thread)."""
+    with contextlib.suppress(OSError):
+        drop_capabilities(())
+
+
+def unprivileged(fn: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """Runs ``fn`` in a new thread that first drops every capability, and returns its result
+    (or raises its exception): the threads ``fn`` starts inherit no capability."""
+    out: list[Any] = []
+
+    def body() -> None:
+        drop_all_in_this_thread()
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # handed to the caller
+            out.append((False, e))
+
+    t = threading.Thread(target=body, name="railhop-unprivileged", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not out:
+        raise TimeoutError(f"unprivileged start did not finish within {timeout_s:g} s")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _task_status(status: Path) -> dict[str, str] | None:
     try:
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        eff = int(fields["CapEff"].strip(), 16)
-        prm = int(fields["CapPrm"].strip(), 16)
-        bnd = int(fields["CapBnd"].strip(), 16)
-        uid = int(fields["Uid"].split()[1])  # effective uid
-        nnp = fields.get("NoNewPrivs", "0").strip() == "1"
-    except (OSError, KeyError, ValueError, IndexError):
+        text = status.read_text()
+    except OSError:
+        return None
+    return dict(
+        (k, v.strip()) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    )
+
+
+def privileges(task_root: Path = Path("/proc/self/task")) -> dict[str, Any]:
+    """{uid, effective, permitted, bounding, no_new_privs, beyond_needed, threads,
+    threads_with_capabilities} of the whole process: the capability sets are the union over
+    every thread of ``task_root`` (``/proc/<pid>/task``), and each thread that holds any
+    effective or permitted capability is listed (tid, name, its effective set); {} where
+    unreadable."""
+    eff = prm = bnd = 0
+    uid = -1
+    nnp = False
+    holders: list[dict[str, Any]] = []
+    threads = 0
+    try:
+        tids = sorted(os.listdir(task_root), key=lambda x: int(x) if x.isdigit() else 0)
+    except OSError:
+        return {}
+    for tid in tids:
+        fields = _task_status(task_root / tid / "status")
+        if fields is None:
+            continue  # the thread exited meanwhile
+        try:
+            t_eff = int(fields["CapEff"], 16)
+            t_prm = int(fields["CapPrm"], 16)
+            bnd |= int(fields["CapBnd"], 16)
+            uid = int(fields["Uid"].split()[1])  # effective uid
+        except (KeyError, ValueError, IndexError):
+            continue
+        threads += 1
+        nnp = nnp or fields.get("NoNewPrivs", "0") == "1"
+        eff |= t_eff
+        prm |= t_prm
+        if t_eff or t_prm:
+            holders.append(
+                {"tid": int(tid), "name": fields.get("Name", ""), "effective": cap_names(t_eff)}
+            )
+    if not threads:
         return {}
     effective = cap_names(eff)
     return {
@@ -154,4 +229,6 @@ def privileges(status: Path = Path("/proc/thread-self/status")) -> dict[str, Any
         "bounding": len(cap_names(bnd)),
         "no_new_privs": nnp,
         "beyond_needed": [c for c in effective if c not in NEEDED],
+        "threads": threads,
+        "threads_with_capabilities": holders,
     }
