@@ -28,6 +28,8 @@ static struct {
 	int opens, fences, probes;
 	int open_lnic[64], open_rnic[64];
 	uint32_t fenced_id[64];
+	int fail_opens; /* that many next opens fail at once with open_err */
+	int open_err;
 } tp;
 
 static int fk_start(int nthreads)
@@ -55,6 +57,10 @@ static int fk_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t 
 		tp.open_rnic[tp.opens] = lane->rnic;
 	}
 	tp.opens++;
+	if (tp.fail_opens > 0) {
+		tp.fail_opens--;
+		return tp.open_err;
+	}
 	lane->tp = calloc(1, sizeof(struct rh_lane_streams));
 	return lane->tp ? 0 : -ENOMEM;
 }
@@ -746,6 +752,107 @@ static void test_nic_health(void)
 	drop_conn(c);
 }
 
+/* --- set-up retries (issue 29, 9) --- */
+
+/* A connector that has not connected yet, deadline `deadline_ms` from now. */
+static struct rh_conn *setup_conn(int deadline_ms)
+{
+	struct rh_conn *c = rh_conn_new(true);
+
+	c->id = rh_random_id();
+	c->chunk = 1u << 19;
+	c->nrnics = NNICS;
+	for (int i = 0; i < NNICS; i++) {
+		c->rnics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
+		c->rnics[i].port = htons(5000);
+		c->rnics[i].up = true;
+		c->rnics[i].numa = -1;
+	}
+	c->t_connect_deadline_ms = rh_now_ms() + (uint64_t)deadline_ms;
+	return c;
+}
+
+static struct rh_lane *opening_lane(struct rh_conn *c)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->state == RH_LANE_OPENING && c->lanes[i]->tp) {
+			return c->lanes[i];
+		}
+	}
+	return NULL;
+}
+
+/* Ticks until a lane is opening or the connection failed (bounded by `ms`). */
+static struct rh_lane *tick_until_opening(struct rh_conn *c, int ms)
+{
+	uint64_t end = rh_now_ms() + (uint64_t)ms;
+	struct timespec ts = { 0, 5 * 1000 * 1000 };
+	struct rh_lane *l = NULL;
+
+	while (!c->err && !(l = opening_lane(c)) && rh_now_ms() < end) {
+		nanosleep(&ts, NULL);
+		pthread_mutex_lock(&c->mu);
+		rh_fo_tick(c, rh_now_ms());
+		pthread_mutex_unlock(&c->mu);
+	}
+	return l;
+}
+
+static void test_setup_retries_transient_errors(void)
+{
+	struct rh_conn *c = setup_conn(10000);
+	struct rh_lane *l;
+	int opens0 = tp.opens, rc;
+
+	/* 8 connections at once over verbs on fresh Soft-RoCE nodes: 3 of 8 failed at once with
+	 * EHOSTUNREACH (address resolution in progress). Now: retried until the deadline. */
+	tp.fail_opens = 6; /* 50 + 100 + ... + 1000 ms of backoff: 2.6 s */
+	tp.open_err = -EHOSTUNREACH;
+	pthread_mutex_lock(&c->mu);
+	rc = rh_fo_connect(c);
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(rc, 0);
+	EXPECT_EQ(c->err, 0);
+	l = tick_until_opening(c, 8000);
+	EXPECT(l != NULL);
+	EXPECT_EQ(c->err, 0);
+	EXPECT_EQ(tp.fail_opens, 0);
+	EXPECT(tp.opens - opens0 >= 7);
+	/* the founding lane then fails asynchronously (no route yet): retried too */
+	tp.fail_opens = 2;
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -ENETUNREACH, "connect");
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(c->err, 0);
+	l = tick_until_opening(c, 8000);
+	EXPECT(l != NULL);
+	EXPECT_EQ(c->err, 0);
+	drop_conn(c);
+
+	/* a transient error past the deadline fails the connection with that error */
+	c = setup_conn(300);
+	tp.fail_opens = 1000;
+	pthread_mutex_lock(&c->mu);
+	rc = rh_fo_connect(c);
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(rc, 0);
+	EXPECT(tick_until_opening(c, 3000) == NULL);
+	EXPECT_EQ(c->err, -EHOSTUNREACH);
+	drop_conn(c);
+
+	/* an error that is not transient fails at once, as before */
+	c = setup_conn(10000);
+	tp.fail_opens = 1;
+	tp.open_err = -EACCES;
+	pthread_mutex_lock(&c->mu);
+	rc = rh_fo_connect(c);
+	pthread_mutex_unlock(&c->mu);
+	EXPECT_EQ(rc, -EACCES);
+	EXPECT(!rh_fo_transient_setup_err(-EACCES) && rh_fo_transient_setup_err(-EHOSTUNREACH));
+	tp.fail_opens = 0;
+	drop_conn(c);
+}
+
 int main(void)
 {
 	setup_nics();
@@ -760,5 +867,6 @@ int main(void)
 	test_lost_failback_reactivates_retired_lanes();
 	test_no_lane_left_starts_a_move();
 	test_nic_health();
+	test_setup_retries_transient_errors();
 	TEST_DONE();
 }

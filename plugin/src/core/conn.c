@@ -212,7 +212,7 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 
 int rh_conn_start_connect(struct rh_conn *c)
 {
-	int lnic, rnic;
+	int lnic, rnic, rc;
 	struct rh_lane *l;
 
 	CHECK(rh_backup_initial_pair(c, &lnic, &rnic));
@@ -225,7 +225,11 @@ int rh_conn_start_connect(struct rh_conn *c)
 	c->lnic_orig = lnic;
 	c->rnic_orig = rnic;
 	c->connect_attempts++;
-	return rh_conn_open_lane(c, l, RH_HELLO_CONN, 2000 + (int)rh_param.PROBE_TIMEOUT);
+	rc = rh_conn_open_lane(c, l, RH_HELLO_CONN, 2000 + (int)rh_param.PROBE_TIMEOUT);
+	if (rc < 0) {
+		rh_conn_fence_lane(c, l); /* never opened: dead, its slot reusable */
+	}
+	return rc;
 }
 
 void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,

@@ -143,6 +143,8 @@ struct rh_conn {
 	uint64_t t_connect_deadline_ms;
 	uint64_t remote_listen_id; /* connector: the listen comm named by the handle */
 	int connect_attempts;
+	uint64_t t_connect_retry_ms; /* connector: next set-up attempt after a transient error */
+	int connect_backoff_ms;
 	int nrnics;
 	struct rh_peer_nic rnics[RH_MAX_NICS];
 	struct rh_lane *lanes[RH_MAX_LANES];
@@ -276,6 +278,11 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
+/* Connector: opens the founding lane; a transient error (address resolution in progress, no
+ * route yet: rh_fo_transient_setup_err) schedules another attempt with backoff until
+ * t_connect_deadline_ms instead of failing. 0, or the negative errno that failed it. */
+int rh_fo_connect(struct rh_conn *c); /* locked */
+bool rh_fo_transient_setup_err(int err);
 /* Start the confirming probe of lane l now (ACTIVE/DRAINING lanes only). */
 void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
 /* The original pair carries traffic (a primary lane neither dead nor retired). */

@@ -253,6 +253,78 @@ static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char
 	}
 }
 
+bool rh_fo_transient_setup_err(int err)
+{
+	/* Address or route resolution still in progress (seen with 8 connections at once over
+	 * libfabric's verbs provider on fresh Soft-RoCE nodes: EHOSTUNREACH), or a handshake
+	 * that timed out: worth another try within the connect deadline. */
+	switch (-err) {
+	case EHOSTUNREACH:
+	case ENETUNREACH:
+	case EADDRNOTAVAIL:
+	case ETIMEDOUT:
+	case EAGAIN:
+		return true;
+	default:
+		return false;
+	}
+}
+
+#define RH_CONNECT_BACKOFF_MIN_MS 50
+#define RH_CONNECT_BACKOFF_MAX_MS 1000
+
+/* A transient set-up error: another attempt after the backoff, if the deadline allows. */
+static bool schedule_connect_retry(struct rh_conn *c, int err, uint64_t now)
+{
+	int b = c->connect_backoff_ms ? c->connect_backoff_ms : RH_CONNECT_BACKOFF_MIN_MS;
+
+	if (!rh_fo_transient_setup_err(err) || now + (uint64_t)b >= c->t_connect_deadline_ms) {
+		return false;
+	}
+	c->t_connect_retry_ms = now + (uint64_t)b;
+	c->connect_backoff_ms = b * 2 > RH_CONNECT_BACKOFF_MAX_MS ? RH_CONNECT_BACKOFF_MAX_MS :
+								    b * 2;
+	INFO("conn %016llx: connection set-up: %s, retrying in %d ms", (unsigned long long)c->id,
+	     strerror(-err), b);
+	return true;
+}
+
+int rh_fo_connect(struct rh_conn *c)
+{
+	uint64_t now = rh_now_ms();
+	int rc;
+
+	c->t_connect_retry_ms = 0;
+	rc = rh_conn_start_connect(c); /* a lane that could not open is fenced there */
+	if (rc >= 0) {
+		return 0;
+	}
+	return schedule_connect_retry(c, rc, now) ? 0 : rc;
+}
+
+/* The connector's founding lane failed before the connection was ready: another pair (a bounded
+ * number of times), and after a transient error another attempt until the connect deadline;
+ * the acceptor's side just fails (the connector starts over). */
+static void setup_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, uint64_t now)
+{
+	int rc = err;
+
+	if (!c->is_send || !l->opener) {
+		rh_conn_fail(c, -EHOSTUNREACH, "connection setup failed");
+		return;
+	}
+	if (c->connect_attempts < 2 * rh_g.nnics + 2) {
+		rc = rh_fo_connect(c);
+		if (rc == 0) {
+			return;
+		}
+	}
+	if (schedule_connect_retry(c, rc, now) || schedule_connect_retry(c, err, now)) {
+		return;
+	}
+	rh_conn_fail(c, rc, "cannot establish the connection");
+}
+
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
 {
 	uint64_t now = rh_now_ms();
@@ -284,15 +356,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		c->fo.bad_until_ms[l->lnic][l->rnic] = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 	}
 	if (!c->ready) {
-		if (c->is_send && l->opener && c->connect_attempts < 2 * rh_g.nnics + 2) {
-			int rc = rh_conn_start_connect(c);
-
-			if (rc < 0) {
-				rh_conn_fail(c, rc, "cannot establish the connection");
-			}
-		} else {
-			rh_conn_fail(c, -EHOSTUNREACH, "connection setup failed");
-		}
+		setup_lane_failed(c, l, err, now);
 		return;
 	}
 	fatal = classify(c, err, &fatal_why);
@@ -656,10 +720,25 @@ static void tick_failback(struct rh_conn *c, uint64_t now)
 	}
 }
 
+/* Connector: the set-up attempt a transient error put off (rh_fo_connect). */
+static void tick_connect_retry(struct rh_conn *c, uint64_t now)
+{
+	int rc;
+
+	if (c->ready || !c->is_send || !c->t_connect_retry_ms || now < c->t_connect_retry_ms) {
+		return;
+	}
+	rc = rh_fo_connect(c);
+	if (rc < 0) {
+		rh_conn_fail(c, rc, "cannot establish the connection before its deadline");
+	}
+}
+
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
 {
 	static void (*const phases[])(struct rh_conn *, uint64_t) = {
-		tick_share_gate, tick_lanes, tick_no_lane_left, tick_move, tick_failback,
+		tick_connect_retry, tick_share_gate, tick_lanes,
+		tick_no_lane_left,  tick_move,	     tick_failback,
 	};
 
 	for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {

@@ -396,7 +396,8 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
 		rh_registry_add(c);
-		rc = rh_conn_start_connect(c);
+		/* a transient error: retried by the tick until the deadline */
+		rc = rh_fo_connect(c);
 		pthread_mutex_unlock(&c->mu);
 		if (rc < 0) {
 			registry_del(c);
