@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "core/auth.h"
 #include "core/conn.h"
 #include "core/health.h"
 #include "core/sched.h"
@@ -853,6 +854,142 @@ static void test_setup_retries_transient_errors(void)
 	drop_conn(c);
 }
 
+/* --- handshake.c: what a captured hello can still do (issue 29, 3) --- */
+
+static struct rh_listen test_ls = { .id = 77, .dev = 0 };
+
+/* A connector's hello for lane `lane_id`, stream `stream` of `nstreams`, signed as the
+ * connector signs it (rh_core_sign_stream). */
+static void founding_hello(struct rh_hello *h, struct rh_hdr *hdr, uint64_t conn_id,
+			   const uint8_t *nonce, uint32_t lane_id, int stream, int nstreams)
+{
+	memset(h, 0, sizeof(*h));
+	memset(hdr, 0, sizeof(*hdr));
+	hdr->conn_id = conn_id;
+	hdr->epoch = 1;
+	h->kind = RH_HELLO_CONN;
+	h->from_sender = 1;
+	h->lane_id = lane_id;
+	h->listen_id = test_ls.id;
+	h->chunk = 1u << 19;
+	h->src_nic = 0;
+	h->dst_nic = 0;
+	h->nnics = NNICS;
+	for (int i = 0; i < NNICS; i++) {
+		h->nics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
+		h->nics[i].port = htons(5000);
+		h->nics[i].up = true;
+	}
+	memcpy(h->nonce, nonce, RH_NONCE_LEN);
+	h->stream = (uint8_t)stream;
+	h->nstreams = (uint8_t)nstreams;
+	EXPECT_EQ(rh_auth_sign(test_ls.secret, h, false, conn_id, 1, NULL, NULL), 0);
+}
+
+static int stream_dummy[16];
+
+/* rh_core_hello + attach as a transport does; the lane, or NULL when refused. */
+static struct rh_lane *offer(const struct rh_hdr *hdr, const struct rh_hello *h, int *refs)
+{
+	struct rh_hello reply;
+	struct rh_lane *l = rh_core_hello(hdr, h, &reply);
+
+	if (!l) {
+		return NULL;
+	}
+	if (rh_core_stream_attach(l, h->stream, 16, &stream_dummy[h->stream & 15],
+				  sizeof(struct rh_lane_streams), false) < 0) {
+		return NULL; /* the reference was dropped */
+	}
+	(*refs)++;
+	return l;
+}
+
+static void forget_conn(struct rh_conn *c, int refs)
+{
+	pthread_mutex_lock(&rh_g.mu);
+	for (struct rh_conn **pp = &rh_g.conns; *pp; pp = &(*pp)->gnext) {
+		if (*pp == c) {
+			*pp = c->gnext;
+			c->registered = false;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	while (refs-- > 0) {
+		rh_core_conn_put(c);
+	}
+	drop_conn(c);
+}
+
+static void test_captured_hellos(void)
+{
+	uint64_t id = rh_random_id();
+	uint8_t nonce[RH_NONCE_LEN];
+	struct rh_hello h, forged;
+	struct rh_hdr hdr;
+	struct rh_lane *l, *again;
+	struct rh_conn *c;
+	int refs = 0;
+
+	EXPECT_EQ(rh_auth_random(test_ls.secret, RH_SECRET_LEN), 0);
+	EXPECT_EQ(rh_auth_random(nonce, RH_NONCE_LEN), 0);
+	pthread_mutex_lock(&rh_g.mu);
+	test_ls.next = rh_g.listens;
+	rh_g.listens = &test_ls;
+	pthread_mutex_unlock(&rh_g.mu);
+
+	/* the lane's first stream: a lane of 8 streams */
+	founding_hello(&h, &hdr, id, nonce, 0, 0, 8);
+	l = offer(&hdr, &h, &refs);
+	EXPECT(l != NULL);
+	if (!l) {
+		return;
+	}
+	c = l->conn;
+	EXPECT_EQ(l->nstreams, 8);
+	/* a copy of it as stream 15 (beyond the lane, within the transport's 16): its MAC did not
+	 * cover the index, so it attached and the real 8th stream was refused */
+	forged = h;
+	forged.stream = 15;
+	EXPECT(offer(&hdr, &forged, &refs) == NULL);
+	forged.stream = 7; /* another index of the lane */
+	EXPECT(offer(&hdr, &forged, &refs) == NULL);
+	forged = h;
+	forged.nstreams = 16; /* a larger lane */
+	EXPECT(offer(&hdr, &forged, &refs) == NULL);
+	/* signed, but an index beyond its own count, or a count other than its lane's */
+	founding_hello(&forged, &hdr, id, nonce, 0, 9, 8);
+	EXPECT(offer(&hdr, &forged, &refs) == NULL);
+	founding_hello(&forged, &hdr, id, nonce, 0, 1, 4);
+	EXPECT(offer(&hdr, &forged, &refs) == NULL);
+	/* the real streams all attach */
+	for (int i = 1; i < 8; i++) {
+		founding_hello(&forged, &hdr, id, nonce, 0, i, 8);
+		EXPECT(offer(&hdr, &forged, &refs) == l);
+	}
+
+	/* the first attempt fails before the connection is ready; the connector re-founds it
+	 * (same id and nonce, next lane id) on a new connection object */
+	forget_conn(c, refs);
+	refs = 0;
+	founding_hello(&forged, &hdr, id, nonce, 2, 0, 8);
+	again = offer(&hdr, &forged, &refs);
+	EXPECT(again != NULL);
+	if (!again) {
+		return;
+	}
+	/* the captured first hello (lane 0) opened a second lane of the live connection: the
+	 * listener's record, written when the first attempt was created, refuses it now */
+	founding_hello(&h, &hdr, id, nonce, 0, 0, 8);
+	EXPECT(offer(&hdr, &h, &refs) == NULL);
+	forget_conn(again->conn, refs);
+
+	pthread_mutex_lock(&rh_g.mu);
+	rh_g.listens = test_ls.next;
+	pthread_mutex_unlock(&rh_g.mu);
+}
+
 int main(void)
 {
 	setup_nics();
@@ -868,5 +1005,6 @@ int main(void)
 	test_no_lane_left_starts_a_move();
 	test_nic_health();
 	test_setup_retries_transient_errors();
+	test_captured_hellos();
 	TEST_DONE();
 }

@@ -217,7 +217,7 @@ static void test_handle(void)
 }
 
 /* A hello's MAC proves the secret and binds what it must: connection, epoch, direction, the
- * bound nonces and every field but the stream index. */
+ * bound nonces and every field, the stream index and count included (issue 29, 3). */
 static void test_hello_mac(void)
 {
 	uint8_t key[RH_SECRET_LEN], other[RH_SECRET_LEN], n1[RH_NONCE_LEN], n2[RH_NONCE_LEN];
@@ -243,9 +243,11 @@ static void test_hello_mac(void)
 	EXPECT(!rh_auth_verify(key, &h, true, 77, 5, n1, n2)); /* reflected as a reply */
 	EXPECT(!rh_auth_verify(key, &h, false, 77, 5, n2, n1)); /* another pair of nonces */
 	g = h;
-	g.stream = 3; /* one MAC serves every stream of the lane */
-	g.nstreams = 5;
-	EXPECT(rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g.stream = 3; /* each stream's hello is signed on its own */
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.nstreams = 5; /* and names its lane's size */
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
 	g = h;
 	g.lane_id = 10;
 	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));

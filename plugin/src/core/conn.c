@@ -437,7 +437,7 @@ int rh_core_stream_attach(struct rh_lane *lane, int idx, int max, void *s, size_
 	pthread_mutex_lock(&c->mu);
 	st = lane->tp;
 	if (lane->state != RH_LANE_OPENING || idx < 0 || idx >= max || idx >= RH_LANE_MAX_STREAMS ||
-	    (st && st->s[idx])) {
+	    idx >= lane->nstreams || (st && st->s[idx])) {
 		rc = -EPROTO;
 	} else if (io && !rh_core_io_enter(c)) {
 		rc = -ECONNABORTED;

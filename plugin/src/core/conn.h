@@ -186,6 +186,16 @@ struct rh_conn {
 
 #define RH_LISTEN_SEEN 64
 
+/* The lane ids a listener has seen the peer use on one connection (peer_lane_* of struct
+ * rh_conn), kept by the listener: a connection re-founded after a failed first attempt (same
+ * id and nonce) starts from it, so the first attempt's captured hello stays refused. */
+struct rh_listen_rec {
+	uint64_t conn_id;
+	bool any;
+	uint32_t max;
+	uint64_t seen;
+};
+
 struct rh_listen {
 	uint64_t id;
 	int dev;
@@ -193,6 +203,8 @@ struct rh_listen {
 	uint8_t secret[RH_SECRET_LEN]; /* in the handle only; keys its connections' hellos */
 	uint64_t seen[RH_LISTEN_SEEN]; /* ids of its last connections that became ready */
 	unsigned nseen;
+	struct rh_listen_rec rec[RH_LISTEN_SEEN]; /* its last connections, written at creation */
+	unsigned nrec;
 	struct rh_conn *ready_head, *ready_tail;
 	struct rh_listen *next;
 };

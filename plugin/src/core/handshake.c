@@ -82,6 +82,37 @@ static void peer_lane_mark(struct rh_conn *c, uint32_t id)
 	}
 }
 
+/* The listener's record of connection id (made when create; its oldest is reused). */
+static struct rh_listen_rec *listen_rec(struct rh_listen *ls, uint64_t id, bool create)
+{
+	struct rh_listen_rec *r;
+
+	for (unsigned i = 0; i < RH_LISTEN_SEEN && i < ls->nrec; i++) {
+		if (ls->rec[i].conn_id == id) {
+			return &ls->rec[i];
+		}
+	}
+	if (!create) {
+		return NULL;
+	}
+	r = &ls->rec[ls->nrec++ % RH_LISTEN_SEEN];
+	memset(r, 0, sizeof(*r));
+	r->conn_id = id;
+	return r;
+}
+
+/* After peer_lane_mark: the listener's record follows the connection's. */
+static void listen_rec_update(struct rh_conn *c)
+{
+	struct rh_listen_rec *r = c->listen ? listen_rec(c->listen, c->id, true) : NULL;
+
+	if (r) {
+		r->any = c->peer_lane_any;
+		r->max = c->peer_lane_max;
+		r->seen = c->peer_lane_seen;
+	}
+}
+
 static int lane_slot(const struct rh_conn *c, const struct rh_lane *l)
 {
 	for (int i = 0; i < c->nlanes; i++) {
@@ -115,9 +146,28 @@ int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h)
 	return rh_auth_sign(c->key, h, false, c->id, c->epoch, c->conn_nonce[0], c->conn_nonce[1]);
 }
 
+int rh_core_sign_stream(struct rh_lane *l, struct rh_hello *h)
+{
+	struct rh_conn *c = l->conn;
+	int slot = lane_slot(c, l);
+
+	if (slot < 0) {
+		return -EINVAL;
+	}
+	memcpy(h->nonce, c->lane_nonce[slot], RH_NONCE_LEN);
+	if (h->kind == RH_HELLO_CONN) {
+		return rh_auth_sign(c->key, h, false, c->id, c->epoch, NULL, NULL);
+	}
+	if (!c->have_nonces) {
+		return -EAGAIN;
+	}
+	return rh_auth_sign(c->key, h, false, c->id, c->epoch, c->conn_nonce[0], c->conn_nonce[1]);
+}
+
 /* An incoming HELLO_CONN: the connection it names (created on its first proven hello). */
 static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hello *h)
 {
+	struct rh_listen_rec *rec;
 	struct rh_listen *ls;
 	struct rh_conn *c;
 
@@ -176,6 +226,10 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 		return NULL;
 	}
 	c->have_nonces = true;
+	rec = listen_rec(ls, c->id, true); /* re-founded: the lane ids seen before still count */
+	c->peer_lane_any = rec->any;
+	c->peer_lane_max = rec->max;
+	c->peer_lane_seen = rec->seen;
 	set_remote_table(c, h);
 	rh_registry_add(c);
 	return c;
@@ -230,12 +284,17 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 			l = c->lanes[i];
 		}
 	}
-	if (!l && !peer_lane_fresh(c, h->lane_id)) {
+	if (h->nstreams < 1 || h->stream >= h->nstreams || (l && h->nstreams != l->nstreams)) {
+		/* the count and index are under the MAC: a stream names its lane's size */
+		refuse(hdr, h, "stream index or count does not match its lane");
+		l = NULL;
+	} else if (!l && !peer_lane_fresh(c, h->lane_id)) {
 		refuse(hdr, h, "lane id already used (a replayed hello)");
 	} else if (!l) {
 		l = rh_conn_add_lane(c, h->lane_id, h->dst_nic, h->src_nic, h->nstreams, false);
 		if (l) {
 			peer_lane_mark(c, h->lane_id);
+			listen_rec_update(c);
 			/* Primary means the connection's original pair (our own record, from the
 			 * founding hello). An extra lane on that pair takes the role only when no
 			 * live lane has it (the peer's fail-back), never beside the real one. */

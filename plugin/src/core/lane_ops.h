@@ -127,6 +127,10 @@ struct lane_ops {
  * stream joins, or NULL to refuse; fills *reply with this side's hello. */
 struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *hello,
 			      struct rh_hello *reply);
+/* The hello of one stream of a lane the transport opens, after it set h->stream and
+ * h->nstreams (the count it really opens): signed again, so that both are under the MAC.
+ * 0 or -errno. Called from ops->open (the connection lock held). */
+int rh_core_sign_stream(struct rh_lane *lane, struct rh_hello *h);
 /* A stream of the lane finished its handshake; reply is the peer's hello (opener side) or
  * NULL (accepting side). */
 void rh_core_stream_ready(struct rh_lane *lane, const struct rh_hello *reply);

@@ -199,8 +199,6 @@ int rh_hello_mac_input(const struct rh_hello *h, bool reply, uint64_t conn_id, u
 	}
 	memcpy(b, label[reply], 16);
 	memset(m.mac, 0, sizeof(m.mac));
-	m.stream = 0;
-	m.nstreams = 0;
 	n = rh_hello_put(&m, b + o, cap - o - 12 - 2 * RH_NONCE_LEN);
 	if (n < 0) {
 		return n;

@@ -122,10 +122,10 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap);
 int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h);
 
 /* What the MAC of a hello covers (HMAC-SHA256 keyed by the connection secret), written to b:
- * a label naming the direction (request or reply), the hello's encoding with the MAC, the
- * stream index and the stream count zeroed (one MAC serves every stream of a lane, and a lane
- * transport sets the count it opens after the core signed; a replayed hello cannot use them:
- * its lane id is refused), the connection id, the epoch (request
+ * a label naming the direction (request or reply), the hello's encoding with the MAC zeroed
+ * (the stream index and the stream count included: each stream's hello is signed on its own,
+ * rh_core_sign_stream(), so a captured hello cannot join as another stream of its lane nor
+ * claim a larger lane), the connection id, the epoch (request
  * only), and bind (RH_NONCE_LEN bytes each, may be NULL = zeros): the connection's nonces
  * from both sides (HELLO_LANE request) or the request's nonce (reply). Returns the length or
  * -ENOSPC. */

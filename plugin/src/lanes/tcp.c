@@ -224,6 +224,9 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 
 		h.stream = (uint8_t)i;
 		h.nstreams = (uint8_t)lane->nstreams;
+		if ((err = rh_core_sign_stream(lane, &h)) < 0) {
+			break;
+		}
 		s = dial(lane->lnic, ip, port, K_LANE, &h, conn_id, epoch, &err);
 		if (!s) {
 			break;

@@ -179,7 +179,8 @@ static int ofi_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		e[i] = ofi_ep_new(EK_LANE, lane->lnic);
 		h.stream = (uint8_t)i;
 		h.nstreams = (uint8_t)n;
-		if (!e[i] || !(e[i]->hello = hello_msg(&h, conn_id, epoch, &e[i]->hello_len))) {
+		if (!e[i] || rh_core_sign_stream(lane, &h) < 0 ||
+		    !(e[i]->hello = hello_msg(&h, conn_id, epoch, &e[i]->hello_len))) {
 			goto fail;
 		}
 	}
