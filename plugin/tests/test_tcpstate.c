@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "lanes/tcp.h"
 #include "lanes/tcpstate.h"
 
 static void test_verdict(void)
@@ -70,9 +71,37 @@ static void test_lookup(void)
 	close(l);
 }
 
+/* Issue 29, 6: two addresses x 128 pending handshakes filled the listener, and one more
+ * evicted the oldest pending handshake whoever's it was: a legitimate peer's lane. Now the
+ * source holding the most loses its oldest. */
+static void test_eviction_is_fair_per_source(void)
+{
+	uint32_t src[TCP_HS_MAX];
+	const uint32_t peer = 7, a = 100, b = 200;
+	int n = 0, v;
+
+	src[n++] = peer; /* the peer's handshake is the oldest */
+	for (int i = 0; i < TCP_HS_MAX_SOURCE; i++) {
+		src[n++] = a;
+	}
+	for (; n < TCP_HS_MAX; n++) {
+		src[n] = b;
+	}
+	EXPECT_EQ(tcp_pending_victim(src, n, b), 1); /* a and b tie at 128: the older source */
+	v = tcp_pending_victim(src, n, a); /* a is at its cap: its own oldest */
+	EXPECT_EQ(v, 1);
+	v = tcp_pending_victim(src, n, 9); /* a stranger: the biggest source's oldest */
+	EXPECT_EQ(src[v], a);
+	EXPECT(src[v] != peer);
+	v = tcp_pending_victim(src, n, peer); /* the peer's new stream: not its own old one */
+	EXPECT(v >= 0 && src[v] != peer);
+	EXPECT_EQ(tcp_pending_victim(src, 3, 9), -1); /* room */
+}
+
 int main(void)
 {
 	test_verdict();
 	test_lookup();
+	test_eviction_is_fair_per_source();
 	TEST_DONE();
 }

@@ -44,9 +44,10 @@
  * Bounds on the lane listeners: anyone who can reach a NIC can connect to them.
  *  - A connection accepted on a listener is a pending handshake until its hello has been
  *    handled; at most TCP_HS_MAX per listener and TCP_HS_MAX_SOURCE from one source address
- *    are pending: one more evicts the oldest (of that source, when it is the source that is
- *    full), so a flood cannot keep newer connections, a peer's lanes and probes among them,
- *    out. The caps are wide because one connection opens STREAMS_PER_LANE (8) streams at
+ *    are pending: one more evicts the oldest handshake of the source that holds the most
+ *    (tcp_pending_victim: the newcomer's own source when it is at its cap), so a flood cannot
+ *    keep newer connections, a peer's lanes and probes among them, out, and a flood from
+ *    several addresses evicts its own handshakes, never those of a source that holds fewer. The caps are wide because one connection opens STREAMS_PER_LANE (8) streams at
  *    once, and NCCL opens many connections to the same peer together.
  *  - The hello must arrive within TCP_HS_DEADLINE_MS of the accept.
  *  - Out of descriptors (EMFILE/ENFILE from accept4, or the probe reserve below cannot be
@@ -161,6 +162,9 @@ int tcp_lane_socket(void); /* socket() for a lane or probe, from the reserve if 
 bool tcp_fd_reserve_refill(void); /* false: at the descriptor limit */
 void tcp_pending_add(int nic, struct tcp_stream *s, uint32_t src);
 bool tcp_pending_del(struct tcp_stream *s); /* false: evicted meanwhile */
+/* Pure: which of n pending handshakes (their source addresses, oldest first) a new one from
+ * newcomer evicts, or -1 when there is room (TCP_HS_MAX, TCP_HS_MAX_SOURCE). */
+int tcp_pending_victim(const uint32_t *src, int n, uint32_t newcomer);
 void tcp_listener_backoff(struct tcp_stream *l, const char *why);
 void tcp_listener_rearm(struct tcp_stream *l, uint64_t now);
 

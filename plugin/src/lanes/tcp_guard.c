@@ -90,24 +90,54 @@ static void pending_remove_at(struct tcp_lsn *ls, int i)
 	ls->n--;
 }
 
-/* List a connection just accepted on NIC nic's listener (before anyone else can see it),
- * evicting the oldest pending handshake when a cap is reached. */
-void tcp_pending_add(int nic, struct tcp_stream *s, uint32_t src)
+int tcp_pending_victim(const uint32_t *src, int n, uint32_t newcomer)
 {
-	struct tcp_lsn *ls = &lsns[nic];
-	int same = 0, oldest_same = -1, victim = -1;
+	int same = 0, oldest_same = -1, best = -1, best_count = 0;
 
-	pthread_mutex_lock(&ls->mu);
-	for (int i = 0; i < ls->n; i++) {
-		if (ls->p[i].src == src && same++ == 0) {
+	for (int i = 0; i < n; i++) {
+		if (src[i] == newcomer && same++ == 0) {
 			oldest_same = i;
 		}
 	}
 	if (same >= TCP_HS_MAX_SOURCE) {
-		victim = oldest_same;
-	} else if (ls->n >= TCP_HS_MAX) {
-		victim = 0;
+		return oldest_same;
 	}
+	if (n < TCP_HS_MAX) {
+		return -1;
+	}
+	/* Full: the oldest handshake of the source holding the most (the newcomer's own counts
+	 * one more, as it is about to add one). O(n^2) over at most 256 entries, on accept only. */
+	for (int i = 0; i < n; i++) {
+		int count = src[i] == newcomer ? 1 : 0;
+		bool first = true;
+
+		for (int k = 0; k < n; k++) {
+			if (src[k] == src[i]) {
+				first = first && k >= i;
+				count++;
+			}
+		}
+		if (first && count > best_count) {
+			best = i;
+			best_count = count;
+		}
+	}
+	return best;
+}
+
+/* List a connection just accepted on NIC nic's listener (before anyone else can see it),
+ * evicting a pending handshake when a cap is reached (tcp_pending_victim). */
+void tcp_pending_add(int nic, struct tcp_stream *s, uint32_t src)
+{
+	struct tcp_lsn *ls = &lsns[nic];
+	uint32_t srcs[TCP_HS_MAX];
+	int victim;
+
+	pthread_mutex_lock(&ls->mu);
+	for (int i = 0; i < ls->n; i++) {
+		srcs[i] = ls->p[i].src;
+	}
+	victim = tcp_pending_victim(srcs, ls->n, src);
 	if (victim >= 0) {
 		struct tcp_stream *v = ls->p[victim].s;
 
