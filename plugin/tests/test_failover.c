@@ -990,6 +990,58 @@ static void test_captured_hellos(void)
 	pthread_mutex_unlock(&rh_g.mu);
 }
 
+/* --- probes bound to the connection's key (issue 29, 6) --- */
+
+static void test_probe_replies_prove_the_key(void)
+{
+	struct rh_lane *l1, *l2;
+	struct rh_conn *peer = ready_conn(true, &l1); /* the side that answers (its listener) */
+	struct rh_conn *me = ready_conn(false, &l2); /* the side that probes */
+	struct rh_hello h, reply, stranger;
+	struct rh_hdr hdr = { .type = RH_F_HELLO };
+	uint64_t id, cookie = rh_random_id();
+
+	EXPECT(peer && me);
+	if (!peer || !me) {
+		return;
+	}
+	me->id = peer->id;
+	EXPECT_EQ(rh_auth_random(peer->key, RH_SECRET_LEN), 0);
+	memcpy(me->key, peer->key, RH_SECRET_LEN);
+	EXPECT_EQ(rh_auth_random(peer->conn_nonce, sizeof(peer->conn_nonce)), 0);
+	memcpy(me->conn_nonce, peer->conn_nonce, sizeof(me->conn_nonce));
+	pthread_mutex_lock(&rh_g.mu);
+	rh_registry_add(peer);
+	pthread_mutex_unlock(&rh_g.mu);
+
+	pthread_mutex_lock(&me->mu);
+	EXPECT_EQ(rh_core_probe_hello(me, cookie, &h, &id), 0);
+	pthread_mutex_unlock(&me->mu);
+	hdr.conn_id = id;
+	EXPECT(rh_core_probe_answer(&hdr, &h, &reply));
+	EXPECT(rh_core_probe_check(me, cookie, &reply));
+	/* anyone answering for the peer's address (the old listener's unproven reply) */
+	memset(&stranger, 0, sizeof(stranger));
+	stranger.kind = RH_HELLO_PROBE;
+	stranger.nstreams = 1;
+	EXPECT(!rh_core_probe_check(me, cookie, &stranger));
+	/* a proven reply to another probe does not answer this one */
+	EXPECT(!rh_core_probe_check(me, cookie + 1, &reply));
+	/* a probe that does not prove the secret, or names no live connection, gets no answer */
+	h.mac[0] ^= 1;
+	EXPECT(!rh_core_probe_answer(&hdr, &h, &reply));
+	h.mac[0] ^= 1;
+	hdr.conn_id = id + 1;
+	EXPECT(!rh_core_probe_answer(&hdr, &h, &reply));
+
+	pthread_mutex_lock(&rh_g.mu);
+	rh_g.conns = peer->gnext;
+	peer->registered = false;
+	pthread_mutex_unlock(&rh_g.mu);
+	drop_conn(peer);
+	drop_conn(me);
+}
+
 int main(void)
 {
 	setup_nics();
@@ -1006,5 +1058,6 @@ int main(void)
 	test_nic_health();
 	test_setup_retries_transient_errors();
 	test_captured_hellos();
+	test_probe_replies_prove_the_key();
 	TEST_DONE();
 }

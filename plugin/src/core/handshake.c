@@ -39,8 +39,11 @@ static void refuse(const struct rh_hdr *hdr, const struct rh_hello *h, const cha
 	__atomic_store_n(&last_ms, now, __ATOMIC_RELAXED);
 	WARN("refused a %s hello naming conn %016llx lane %u: %s (%u more refused in the last "
 	     "second)",
-	     h->kind == RH_HELLO_CONN ? "connection" : "lane", (unsigned long long)hdr->conn_id,
-	     h->lane_id, why, __atomic_exchange_n(&quiet, 0, __ATOMIC_RELAXED));
+	     h->kind == RH_HELLO_CONN  ? "connection" :
+	     h->kind == RH_HELLO_PROBE ? "probe" :
+					 "lane",
+	     (unsigned long long)hdr->conn_id, h->lane_id, why,
+	     __atomic_exchange_n(&quiet, 0, __ATOMIC_RELAXED));
 }
 
 static bool listen_seen(const struct rh_listen *ls, uint64_t id)
@@ -162,6 +165,64 @@ int rh_core_sign_stream(struct rh_lane *l, struct rh_hello *h)
 		return -EAGAIN;
 	}
 	return rh_auth_sign(c->key, h, false, c->id, c->epoch, c->conn_nonce[0], c->conn_nonce[1]);
+}
+
+static void probe_nonce(uint64_t cookie, uint8_t *nonce)
+{
+	memset(nonce, 0, RH_NONCE_LEN);
+	memcpy(nonce, &cookie, sizeof(cookie)); /* a random 64-bit value per probe */
+}
+
+int rh_core_probe_hello(struct rh_conn *c, uint64_t cookie, struct rh_hello *h, uint64_t *conn_id)
+{
+	memset(h, 0, sizeof(*h));
+	h->kind = RH_HELLO_PROBE;
+	h->from_sender = c->is_send;
+	probe_nonce(cookie, h->nonce);
+	*conn_id = c->id;
+	if (!c->have_nonces) {
+		return -EAGAIN;
+	}
+	return rh_auth_sign(c->key, h, false, c->id, 0, c->conn_nonce[0], c->conn_nonce[1]);
+}
+
+bool rh_core_probe_answer(const struct rh_hdr *hdr, const struct rh_hello *in,
+			  struct rh_hello *reply)
+{
+	struct rh_conn *c;
+	bool ok = false;
+
+	memset(reply, 0, sizeof(*reply));
+	reply->kind = RH_HELLO_PROBE;
+	reply->nstreams = 1;
+	pthread_mutex_lock(&rh_g.mu);
+	c = rh_registry_find(hdr->conn_id, !in->from_sender);
+	if (c) {
+		pthread_mutex_lock(&c->mu);
+		ok = c->have_nonces && !c->err && !atomic_load(&c->closed) &&
+		     rh_auth_verify(c->key, in, false, c->id, 0, c->conn_nonce[0],
+				    c->conn_nonce[1]) &&
+		     rh_auth_sign(c->key, reply, true, c->id, 0, in->nonce, NULL) == 0;
+		pthread_mutex_unlock(&c->mu);
+	}
+	pthread_mutex_unlock(&rh_g.mu);
+	if (!ok) {
+		refuse(hdr, in, "a probe that does not prove a live connection's secret");
+	}
+	return ok;
+}
+
+bool rh_core_probe_check(struct rh_conn *c, uint64_t cookie, const struct rh_hello *reply)
+{
+	uint8_t nonce[RH_NONCE_LEN];
+	bool ok;
+
+	probe_nonce(cookie, nonce);
+	pthread_mutex_lock(&c->mu);
+	ok = reply->kind == RH_HELLO_PROBE &&
+	     rh_auth_verify(c->key, reply, true, c->id, 0, nonce, NULL);
+	pthread_mutex_unlock(&c->mu);
+	return ok;
 }
 
 /* An incoming HELLO_CONN: the connection it names (created on its first proven hello). */

@@ -131,6 +131,15 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
  * h->nstreams (the count it really opens): signed again, so that both are under the MAC.
  * 0 or -errno. Called from ops->open (the connection lock held). */
 int rh_core_sign_stream(struct rh_lane *lane, struct rh_hello *h);
+/* Health probes, bound to their connection's key (issue 29, 6: anyone answering for the
+ * peer's address made a dead pair look healthy): the prober's hello for probe `cookie` of
+ * connection c (fills *h and *conn_id; Locked, from ops->probe); the listener's answer to a
+ * probe hello (false: refuse it; *reply filled when true); the prober's check of the reply
+ * (its result is what rh_core_probe_done gets). */
+int rh_core_probe_hello(struct rh_conn *c, uint64_t cookie, struct rh_hello *h, uint64_t *conn_id);
+bool rh_core_probe_answer(const struct rh_hdr *hdr, const struct rh_hello *in,
+			  struct rh_hello *reply);
+bool rh_core_probe_check(struct rh_conn *c, uint64_t cookie, const struct rh_hello *reply);
 /* A stream of the lane finished its handshake; reply is the peer's hello (opener side) or
  * NULL (accepting side). */
 void rh_core_stream_ready(struct rh_lane *lane, const struct rh_hello *reply);

@@ -261,11 +261,15 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 static int tcp_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
 		     int timeout_ms)
 {
-	struct rh_hello h = { .kind = RH_HELLO_PROBE, .nstreams = 0 };
+	struct rh_hello h;
 	struct tcp_stream *s;
-	int err = 0;
+	uint64_t conn_id;
+	int err;
 
-	s = dial(lnic, ip, port, K_PROBE_OUT, &h, 0, 0, &err);
+	if ((err = rh_core_probe_hello(conn, cookie, &h, &conn_id)) < 0) {
+		return err;
+	}
+	s = dial(lnic, ip, port, K_PROBE_OUT, &h, conn_id, 0, &err);
 	if (!s) {
 		return err;
 	}

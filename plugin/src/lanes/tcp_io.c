@@ -81,9 +81,10 @@ static void on_accept_hello(struct tcp_stream *s)
 		return;
 	}
 	if (in.kind == RH_HELLO_PROBE) {
-		memset(&reply, 0, sizeof(reply));
-		reply.kind = RH_HELLO_PROBE;
-		reply.nstreams = 1;
+		if (!rh_core_probe_answer(&s->h, &in, &reply)) {
+			s->reap = true;
+			return;
+		}
 		s->kind = K_PROBE_REPLY;
 	} else {
 		lane = rh_core_hello(&s->h, &in, &reply);
@@ -125,7 +126,8 @@ static void ofi_on_hello_ack(struct tcp_stream *s)
 		return;
 	}
 	if (s->kind == K_PROBE_OUT) {
-		rh_core_probe_done(s->conn, s->cookie, true);
+		rh_core_probe_done(s->conn, s->cookie,
+				   rh_core_probe_check(s->conn, s->cookie, &reply));
 		s->failed = true; /* result delivered */
 		s->reap = true;
 		return;

@@ -350,9 +350,10 @@ void ofi_on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 		return;
 	}
 	if (in.kind == RH_HELLO_PROBE) {
-		memset(&reply, 0, sizeof(reply));
-		reply.kind = RH_HELLO_PROBE;
-		reply.nstreams = 1;
+		if (!rh_core_probe_answer(&h, &in, &reply)) {
+			ofi_ep_close(e);
+			return;
+		}
 		e->kind = EK_PROBE_REPLY;
 	} else {
 		lane = rh_core_hello(&h, &in, &reply);
@@ -410,7 +411,8 @@ void ofi_on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 	}
 	if (e->kind == EK_PROBE_OUT) {
 		e->probe_reported = true;
-		rh_core_probe_done(e->conn, e->cookie, true);
+		rh_core_probe_done(e->conn, e->cookie,
+				   rh_core_probe_check(e->conn, e->cookie, &reply));
 		ofi_ep_close(e);
 		return;
 	}

@@ -225,17 +225,22 @@ fail:
 static int ofi_probe(struct rh_conn *conn, int lnic, uint32_t ip, uint16_t port, uint64_t cookie,
 		     int timeout_ms)
 {
-	struct rh_hello h = { .kind = RH_HELLO_PROBE, .nstreams = 0 };
+	struct rh_hello h;
 	struct ofi_ep *e;
+	uint64_t conn_id;
+	int rc;
 
 	if (!ofi_doms[lnic].ok) {
 		return -ENODEV;
+	}
+	if ((rc = rh_core_probe_hello(conn, cookie, &h, &conn_id)) < 0) {
+		return rc;
 	}
 	e = ofi_ep_new(EK_PROBE_OUT, lnic);
 	if (!e) {
 		return -ENOMEM;
 	}
-	e->hello = hello_msg(&h, 0, 0, &e->hello_len);
+	e->hello = hello_msg(&h, conn_id, 0, &e->hello_len);
 	if (!e->hello) {
 		free(e);
 		return -ENOMEM;
