@@ -200,15 +200,9 @@ static void setup_nics(void)
 	}
 }
 
-/* A ready connection with its primary lane (local NIC 0 -> peer NIC 0) ACTIVE. */
-static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
+/* A new id, the chunk size and the peer's NIC table (NNICS NICs, rail 0). */
+static void peer_nics(struct rh_conn *c)
 {
-	struct rh_conn *c = rh_conn_new(is_send);
-	struct rh_lane *l;
-
-	if (!c) {
-		return NULL;
-	}
 	c->id = rh_random_id();
 	c->chunk = 1u << 19;
 	c->nrnics = NNICS;
@@ -219,6 +213,18 @@ static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
 		c->rnics[i].numa = -1;
 		c->rnics[i].up = true;
 	}
+}
+
+/* A ready connection with its primary lane (local NIC 0 -> peer NIC 0) ACTIVE. */
+static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
+{
+	struct rh_conn *c = rh_conn_new(is_send);
+	struct rh_lane *l;
+
+	if (!c) {
+		return NULL;
+	}
+	peer_nics(c);
 	pthread_mutex_lock(&c->mu);
 	l = rh_conn_add_lane(c, 0, 0, 0, 2, true);
 	if (l) {
@@ -760,15 +766,7 @@ static struct rh_conn *setup_conn(int deadline_ms)
 {
 	struct rh_conn *c = rh_conn_new(true);
 
-	c->id = rh_random_id();
-	c->chunk = 1u << 19;
-	c->nrnics = NNICS;
-	for (int i = 0; i < NNICS; i++) {
-		c->rnics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
-		c->rnics[i].port = htons(5000);
-		c->rnics[i].up = true;
-		c->rnics[i].numa = -1;
-	}
+	peer_nics(c);
 	c->t_connect_deadline_ms = rh_now_ms() + (uint64_t)deadline_ms;
 	return c;
 }

@@ -139,14 +139,7 @@ int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h)
 	} else if ((rc = rh_auth_random(c->lane_nonce[slot], RH_NONCE_LEN)) < 0) {
 		return rc;
 	}
-	memcpy(h->nonce, c->lane_nonce[slot], RH_NONCE_LEN);
-	if (h->kind == RH_HELLO_CONN) {
-		return rh_auth_sign(c->key, h, false, c->id, c->epoch, NULL, NULL);
-	}
-	if (!c->have_nonces) {
-		return -EAGAIN;
-	}
-	return rh_auth_sign(c->key, h, false, c->id, c->epoch, c->conn_nonce[0], c->conn_nonce[1]);
+	return rh_core_sign_stream(l, h);
 }
 
 int rh_core_sign_stream(struct rh_lane *l, struct rh_hello *h)
