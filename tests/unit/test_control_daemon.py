@@ -240,15 +240,21 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     assert agent.stats.transitions >= 5 and agent.stats.lane_events == 4
 
 
-def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def agent_child(run_dir: Path, config: str = "") -> subprocess.Popen[bytes]:
+    """An agent on the DGX fixture in a child process, without sources; ``config``: more
+    AgentConfig keyword arguments (Python source, ``Path`` in scope)."""
     code = (
         "import sys; from pathlib import Path; from railhop import daemon; "
         "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
-        "sys_root=Path(sys.argv[2]), sources=())))"
+        f"sys_root=Path(sys.argv[2]), sources=(), {config})))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(DGX)], env=env)
+    return subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(DGX)], env=env)
+
+
+def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = agent_child(run_dir)
     try:
         deadline = time.monotonic() + 30
         while snap(run_dir / "health.tbl") is None:
@@ -949,13 +955,7 @@ def test_the_agent_survives_its_table_being_truncated(tmp_path: Path) -> None:
     code's SIGBUS would kill pytest.)"""
     run_dir = tmp_path / "run"
     table = run_dir / "health.tbl"
-    code = (
-        "import sys; from pathlib import Path; from railhop import daemon; "
-        "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
-        "sys_root=Path(sys.argv[2]), sources=(), heartbeat_ms=20)))"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(DGX)], env=env)
+    proc = agent_child(run_dir, "heartbeat_ms=20")
 
     def wait_whole(after_ns: int) -> TableSnapshot:
         deadline = time.monotonic() + 10
@@ -1010,16 +1010,10 @@ def test_no_thread_keeps_a_capability_after_start(tmp_path: Path) -> None:
     from railhop.control.status import format_agent, read_status_doc
 
     run_dir = tmp_path / "run"
-    code = (
-        "import sys; from pathlib import Path; from railhop import daemon; "
-        "sys.exit(daemon.run_agent(daemon.AgentConfig(run_dir=Path(sys.argv[1]), "
-        "sys_root=Path(sys.argv[2]), sources=(), metrics_port=0, trace_file=Path(sys.argv[3]), "
-        "drop_capabilities=True, status_interval_s=0.05)))"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO / "agent")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(run_dir), str(DGX), str(tmp_path / "traces.jsonl")],
-        env=env,
+    proc = agent_child(
+        run_dir,
+        f"metrics_port=0, trace_file=Path({str(tmp_path / 'traces.jsonl')!r}), "
+        "drop_capabilities=True, status_interval_s=0.05",
     )
     try:
         deadline = time.monotonic() + 30
