@@ -770,6 +770,48 @@ async def _report_from_new_process(sock: Path, *events: LaneEvent) -> None:
     assert await asyncio.wait_for(child.wait(), 30) == 0
 
 
+_WAITER = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+    "s.connect(sys.argv[1]); print('ready', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    [s.send(bytes.fromhex(m)) for m in line.split()]\n"
+    "    print('sent', flush=True)"
+)
+
+
+class Reporter:
+    """Another process connected to agent.sock (a distinct reporter), started ahead of time so
+    that its reports land within the suspect window of the others'."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, sock: Path) -> Reporter:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WAITER,
+            str(sock),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"ready\n"
+        return cls(proc)
+
+    async def send(self, *events: LaneEvent) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(" ".join(encode_event(e).hex() for e in events).encode() + b"\n")
+        await self.proc.stdin.drain()
+        assert await asyncio.wait_for(self.proc.stdout.readline(), 30) == b"sent\n"
+
+    async def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert await asyncio.wait_for(self.proc.wait(), 30) == 0
+
+
 @pytest.mark.parametrize("sources", [2, 3])
 def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, sources: int) -> None:
     """Issue 29, 1 and 4: one connection's LANE_TIMEOUT then a peer-reported one (EREMOTEIO) on
@@ -805,6 +847,7 @@ def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, so
         await until(lambda: snap(table) is not None)
         assert agent.policy.health.params.corroborate_sources == sources
         assert agent.policy.health.params.recover_sources == sources
+        others = [await Reporter.start(sock) for _ in range(sources - 1)]
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
             c.connect(str(sock))
             sent = 0
@@ -821,13 +864,16 @@ def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, so
                     sent += 1
             await until(lambda: agent.stats.lane_events == sent)
             assert states() == (health.NicState.SUSPECT, health.NicState.SUSPECT)
-            # other processes join one by one: DOWN only with the `sources`-th
-            for _ in range(sources - 2):
-                await _report_from_new_process(sock, ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
-            sent += sources - 2
+            # other processes join one by one, within the suspect window: DOWN with the last
+            await asyncio.sleep(0.6)  # past the burst guard's window: X's timeout stands again
+            c.send(encode_event(ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT)))
+            sent += 1
+            for r in others[:-1]:
+                await r.send(ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
+                sent += 1
             await until(lambda: agent.stats.lane_events == sent)
             assert states()[0] is health.NicState.SUSPECT
-            await _report_from_new_process(sock, ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
+            await others[-1].send(ev(EventType.LANE_TIMEOUT, x, errno.ETIMEDOUT))
             sent += 1
             await until(lambda: state_of(snap(table), x) == NicState.DOWN)
             await until(lambda: states()[0] is health.NicState.RECOVERING)  # hold-off (1 s)
@@ -841,9 +887,11 @@ def test_one_reporter_cannot_take_a_nic_down_or_bring_it_back(tmp_path: Path, so
             while time.monotonic() < t_end:
                 assert states()[0] is health.NicState.RECOVERING
                 await asyncio.sleep(0.05)
-            for _ in range(sources - 1):
-                await _report_from_new_process(sock, ev(EventType.FAILBACK, x))
+            for r in others:
+                await r.send(ev(EventType.FAILBACK, x))
             await until(lambda: state_of(snap(table), x) == NicState.UP)
+        for r in others:
+            await r.close()
         agent.request_stop()
         assert await asyncio.wait_for(task, 10) == 0
 
