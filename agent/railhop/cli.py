@@ -2,13 +2,16 @@
 
 Exit codes, the same for every command: 0 success; 1 a finding (``policy check`` found
 problems, ``status`` found no live agent, ``sources`` / ``agent --check`` found nothing that
-can attach); 2 bad usage or input (click's usage errors, ``click.BadParameter``) and domain
-errors (a topology or policy that cannot be read).
+can attach, ``status --check --nics`` found too few rails up); 2 bad usage or input (click's
+usage errors, ``click.BadParameter``) and domain errors (a topology or policy that cannot be
+read); 3 unknown (``status --check --nics`` could not read a live agent's table).
+
+``--json`` prints exactly one JSON document with a ``version`` field, also on errors
+(:mod:`railhop.cliout`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import click
 
 from railhop import __version__, paths
 from railhop import topology as topo_mod
+from railhop.cliout import JsonCommand, emit
 from railhop.health import NicState
 from railhop.policy import (
     Plan,
@@ -167,7 +171,7 @@ def render_topology(topo: Topology) -> str:
 # railhop topology
 
 
-@cli.command("topology")
+@cli.command("topology", cls=JsonCommand)
 @_root_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @_policy_option
@@ -182,7 +186,7 @@ def topology_cmd(
     """
     topo = _with_rails(_read(root, netdevs), _load_policy(policy_file))
     if as_json:
-        click.echo(json.dumps(topo_mod.to_dict(topo), indent=2))
+        emit(topo_mod.to_dict(topo))
     else:
         click.echo(render_topology(topo))
 
@@ -196,7 +200,7 @@ def policy_group() -> None:
     """Validate policy files and preview the plans they produce."""
 
 
-@policy_group.command("check")
+@policy_group.command("check", cls=JsonCommand)
 @click.argument(
     "files",
     nargs=-1,
@@ -240,7 +244,7 @@ def policy_check_cmd(files: tuple[Path, ...], as_json: bool) -> None:
         if not issues:
             click.echo(f"{f}: ok")
     if as_json:
-        click.echo(json.dumps({"files": doc, "ok": not bad}, indent=2, default=str))
+        emit({"files": doc, "ok": not bad})
     if bad:
         if not as_json:
             click.echo(f"{bad} of {len(files)} policy file(s) have errors", err=True)
@@ -267,7 +271,7 @@ def render_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-@policy_group.command("plan")
+@policy_group.command("plan", cls=JsonCommand)
 @click.argument("policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_root_option
 @click.option("--down", multiple=True, metavar="NIC", help="Treat NIC as down (repeatable).")
@@ -295,7 +299,7 @@ def policy_plan_cmd(
             health[nic.name] = state
     result = plan(topo, health, policy)
     if as_json:
-        click.echo(json.dumps(plan_to_dict(result), indent=2))
+        emit(plan_to_dict(result))
     else:
         click.echo(render_plan(result))
 
@@ -332,7 +336,7 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
 # status, agent, sources; commands of other packages (the lab's `railhop demo`)
 
 
-@cli.command("status")
+@cli.command("status", cls=JsonCommand)
 @click.option(
     "--run-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -375,7 +379,7 @@ def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
     now = time.monotonic_ns()
     lanes = read_status_doc(table.parent / STATUS_FILE)
     if as_json:
-        click.echo(json.dumps(status_to_dict(snap, now, lanes=lanes), indent=2))
+        emit(status_to_dict(snap, now, lanes=lanes))
     else:
         click.echo(format_status(snap, now, lanes=lanes), nl=False)
     if check and not agent_alive(snap, now):

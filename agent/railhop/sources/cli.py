@@ -6,11 +6,10 @@ Not registered by this package: the CLI owner adds ``cli.add_command(sources_cmd
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from railhop import paths
+from railhop.cliout import JsonCommand, emit
 from railhop.sources.base import Capability
 from railhop.sources.report import capability_report, default_sources
 
@@ -18,7 +17,8 @@ from railhop.sources.report import capability_report, default_sources
 def run_check(
     nics: tuple[str, ...] = (), plugin: str | None = None, as_json: bool = False
 ) -> list[Capability]:
-    """Start and stop every source, print one line (or JSON object) per hook."""
+    """Start and stop every source, print one line per hook (or one JSON document listing
+    them: ``{"version": 1, "capabilities": [...]}``)."""
     lib = plugin
     if lib is None:
         try:
@@ -26,10 +26,10 @@ def run_check(
         except paths.NotInstalledError:
             lib = str(paths.LIB_DIR / paths.NCCL_PLUGIN_NAME)  # reported as "no library"
     caps = capability_report(default_sources(ifnames=list(nics) or None, plugin_lib=lib))
-    for c in caps:
-        if as_json:
-            click.echo(
-                json.dumps(
+    if as_json:
+        emit(
+            {
+                "capabilities": [
                     {
                         "source": c.source,
                         "hook": c.hook,
@@ -38,17 +38,21 @@ def run_check(
                         "reason": c.reason.value,
                         "detail": c.detail,
                     }
-                )
-            )
-        else:
-            click.echo(c.line())
+                    for c in caps
+                ],
+                "attached": any(c.attached for c in caps),
+            }
+        )
+        return caps
+    for c in caps:
+        click.echo(c.line())
     return caps
 
 
-@click.command("sources")
+@click.command("sources", cls=JsonCommand)
 @click.option("--nic", "nics", multiple=True, help="Netdev to watch (repeatable; default all).")
 @click.option("--plugin", type=click.Path(dir_okay=False), help="Plugin library for USDT probes.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 def sources_cmd(nics: tuple[str, ...], plugin: str | None, as_json: bool) -> None:
     """Report which event sources and probes can attach on this node, and why not.
 
