@@ -475,6 +475,15 @@ def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
 )
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="RAILHOP_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="Log lines as text (TS LEVEL LOGGER: MSG) or one JSON object per line; "
+    "timestamps are ISO 8601 UTC with milliseconds.",
+)
 def agent_cmd(
     policy_path: Path | None,
     run_dir: Path | None,
@@ -495,11 +504,13 @@ def agent_cmd(
     keep_capabilities: bool,
     check: bool,
     verbose: bool,
+    log_format: str,
 ) -> None:
     """Run the node agent: sources -> health -> plan -> plugins (stops cleanly on SIGTERM)."""
     import logging
     import os
 
+    from railhop import logfmt
     from railhop.control import ControlError
     from railhop.daemon import AgentConfig, AgentError, parse_nics, run_agent
     from railhop.daemon.config import choose_nics
@@ -509,10 +520,7 @@ def agent_cmd(
 
         caps = run_check(parse_nics(nics), str(usdt_lib) if usdt_lib else None, False)
         raise SystemExit(0 if any(c.attached for c in caps) else 1)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logfmt.configure(logging.DEBUG if verbose else logging.INFO, log_format)
     managed, nics_from = choose_nics(nics, os.environ)
     cfg = AgentConfig(
         policy_path=policy_path,
