@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -336,6 +337,13 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
 # status, agent, sources; commands of other packages (the lab's `railhop demo`)
 
 
+class Unknown(click.ClickException):
+    """The health the command was asked to judge cannot be known (no live agent): exit 3, the
+    node-problem-detector's "unknown"."""
+
+    exit_code = 3
+
+
 @cli.command("status", cls=JsonCommand)
 @click.option(
     "--run-dir",
@@ -349,12 +357,21 @@ def plan_to_dict(p: Plan) -> dict[str, object]:
     is_flag=True,
     help="Exit 1 unless the agent is alive (heartbeat fresh, not shut down): for probes.",
 )
+@click.option(
+    "--nics",
+    "check_nics_",
+    is_flag=True,
+    help="With --check: judge NIC health instead: print one line; exit 0 when the policy's "
+    "health.min_rails_up rails are up, 1 when not, 3 when unknown (no live agent): "
+    "node-problem-detector's contract.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
-def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
+def status_cmd(run_dir: Path | None, check: bool, check_nics_: bool, as_json: bool) -> None:
     """Live NIC health and plans as published by the agent.
 
     Exits 1 when there is no agent table (no agent ran here) or, with --check, when the agent
-    is not alive.
+    is not alive. With --check --nics: 0 enough rails up, 1 too few (the line lists the NICs
+    that are not up), 3 unknown (no table, unreadable, or the agent not alive).
     """
     import time
 
@@ -363,20 +380,34 @@ def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
     from railhop.control.status import (
         STATUS_FILE,
         agent_alive,
+        check_nics,
         format_status,
         read_status_doc,
         status_to_dict,
     )
     from railhop.control.table import read_table
 
+    if check_nics_ and not check:
+        raise click.UsageError("--nics is a mode of --check: use --check --nics")
     table = (run_dir or default_run_dir()) / "health.tbl"
+    unknown = check and check_nics_
     if not table.exists():
-        raise Finding(f"no agent table at {table}: is `railhop agent` running?")
+        _status_fail(f"no agent table at {table}: is `railhop agent` running?", unknown, as_json)
     try:
         snap = read_table(table)
     except ControlError as e:
-        raise Finding(f"{table}: {e}") from e
+        _status_fail(f"{table}: {e}", unknown, as_json)
     now = time.monotonic_ns()
+    if unknown:
+        if not agent_alive(snap, now):
+            _status_fail(f"agent pid {snap.agent_pid} is not alive ({table})", True, as_json)
+        result = check_nics(snap)
+        if as_json:
+            doc = status_to_dict(snap, now, lanes=None)
+            emit({**doc, "check": result.to_dict()})
+        else:
+            click.echo(("ok: " if result.ok else "degraded: ") + result.message)
+        raise SystemExit(0 if result.ok else 1)
     lanes = read_status_doc(table.parent / STATUS_FILE)
     if as_json:
         emit(status_to_dict(snap, now, lanes=lanes))
@@ -384,6 +415,16 @@ def status_cmd(run_dir: Path | None, check: bool, as_json: bool) -> None:
         click.echo(format_status(snap, now, lanes=lanes), nl=False)
     if check and not agent_alive(snap, now):
         raise SystemExit(1)
+
+
+def _status_fail(message: str, unknown: bool, as_json: bool) -> NoReturn:
+    """No table or no live agent: a finding (exit 1), or with --check --nics "unknown" (exit 3,
+    the line also on stdout, where node-problem-detector reads it)."""
+    if not unknown:
+        raise Finding(message)
+    if not as_json:
+        click.echo(f"unknown: {message}")
+    raise Unknown(message)
 
 
 @cli.command("agent")

@@ -26,6 +26,9 @@ RUN_DIR_DEFAULT = "/run/railhop"
 
 MAGIC = 0x4C544852  # bytes "RHTL"
 LAYOUT_VERSION = 2  # 2: the policy's settings in the body
+# minor versions keep every older reader working (new fields in formerly reserved, zero
+# bytes); 1: the policy's rail rule, distance limit, backup lanes, min_rails_up, rail peers
+LAYOUT_MINOR = 1
 MAX_NICS = 64
 MAX_BACKUPS = 15
 IFNAME_LEN = 16
@@ -35,6 +38,10 @@ NO_NUMA = -1
 NO_DISTANCE = 0xFF
 F_AGENT_GONE = 0x1
 S_MIGRATE_ON_SUSPECT = 0x1  # body.settings_flags
+# body.rail_rule (policy words); 0: the policy does not set it
+RAIL_RULE_CODES = {"same-rail": 1, "allowed-pairs": 2, "any": 3}
+RAIL_RULE_NAMES = {v: k for k, v in RAIL_RULE_CODES.items()}
+MAX_PEER_RAIL = 63  # nic.rail_peers has one bit per remote rail 0..63
 
 Fields = tuple[tuple[str, str], ...]
 
@@ -60,13 +67,17 @@ BODY_FIELDS: Fields = (
     ("publish_count", "Q"),
     ("publish_ns", "Q"),
     ("nic_count", "H"),
-    ("reserved0", "H"),
+    ("layout_minor", "H"),
     ("heartbeat_ms", "I"),
     ("completion_ms", "I"),
     ("probe_ms", "I"),
     ("failback_interval_ms", "I"),
     ("settings_flags", "I"),
-    ("reserved1", "16s"),
+    ("rail_rule", "B"),
+    ("distance_limit", "B"),
+    ("min_rails_up", "H"),
+    ("backup_lanes", "H"),
+    ("reserved1", "10s"),
 )
 NIC_FIELDS: Fields = (
     ("ifname", f"{IFNAME_LEN}s"),
@@ -79,7 +90,7 @@ NIC_FIELDS: Fields = (
     ("numa", "h"),
     ("reserved0", "H"),
     ("speed_mbps", "I"),
-    ("reserved1", "Q"),
+    ("rail_peers", "Q"),
 )
 BACKUP_FIELDS: Fields = (
     ("local_nic", "H"),
@@ -196,19 +207,46 @@ Plans = Mapping[str, Sequence[Backup]]
 @dataclass(frozen=True)
 class NodeSettings:
     """The node policy's settings for every plugin on the node (``timeouts``,
-    ``health.migrate_on_suspect``). 0 ms: not set by the policy (the plugin's default applies);
-    a job's own ``RAILHOP_*`` variable wins over both."""
+    ``health.migrate_on_suspect``, ``rail_rule``, ``distance_limit``, ``spreading.max_nics``)
+    and for ``railhop status --check --nics`` (``health.min_rails_up``). 0 / None: not set by
+    the policy (the plugin's default applies); a job's own ``RAILHOP_*`` variable wins over
+    both. ``rail_pairs`` (allowed-pairs only) is published per NIC as ``rail_peers``."""
 
     completion_ms: int = 0
     probe_ms: int = 0
     failback_interval_ms: int = 0
     migrate_on_suspect: bool = False
+    rail_rule: str | None = None  # same-rail | allowed-pairs | any
+    rail_pairs: frozenset[frozenset[int]] = frozenset()
+    distance_limit: Distance | None = None
+    backup_lanes: int = 0
+    min_rails_up: int = 0  # 0: every rail
 
     def check(self) -> None:
         for name in ("completion_ms", "probe_ms", "failback_interval_ms"):
             v = getattr(self, name)
             if not 0 <= v <= 0xFFFFFFFF:
                 raise TableError(f"setting {name}={v} out of range 0..{0xFFFFFFFF}")
+        for name in ("backup_lanes", "min_rails_up"):
+            v = getattr(self, name)
+            if not 0 <= v <= 0xFFFF:
+                raise TableError(f"setting {name}={v} out of range 0..65535")
+        if self.rail_rule is not None and self.rail_rule not in RAIL_RULE_CODES:
+            raise TableError(f"rail rule {self.rail_rule!r}: want one of {list(RAIL_RULE_CODES)}")
+
+    def rail_peers(self, rail: int | None) -> int:
+        """The ``rail_peers`` mask of a NIC on ``rail``: bit r set when its lanes may join a
+        remote NIC on rail r under ``allowed-pairs`` (its own rail included); 0 otherwise or
+        for rails above MAX_PEER_RAIL."""
+        if self.rail_rule != "allowed-pairs" or rail is None or rail > MAX_PEER_RAIL:
+            return 0
+        mask = 1 << rail
+        for pair in self.rail_pairs:
+            if rail in pair:
+                for other in pair:
+                    if other <= MAX_PEER_RAIL:
+                        mask |= 1 << other
+        return mask
 
     @property
     def flags(self) -> int:
@@ -234,6 +272,7 @@ class TableSnapshot:
     plans: dict[str, tuple[Backup, ...]] = field(default_factory=dict)
     plan_versions: dict[str, int] = field(default_factory=dict)
     settings: NodeSettings = field(default_factory=NodeSettings)
+    layout_minor: int = LAYOUT_MINOR
 
     @property
     def agent_gone(self) -> bool:
@@ -277,7 +316,7 @@ def encode_header(
     )
 
 
-def encode_nic(nic: NicHealth, changes: int) -> bytes:
+def encode_nic(nic: NicHealth, changes: int, rail_peers: int = 0) -> bytes:
     if not valid_name(nic.ifname, IFNAME_LEN, may_be_empty=False):
         raise TableError(f"NIC name {nic.ifname!r}: want 1..15 printable ASCII characters")
     if not valid_name(nic.pci, PCI_LEN, may_be_empty=True):
@@ -301,7 +340,7 @@ def encode_nic(nic: NicHealth, changes: int) -> bytes:
         numa,
         0,
         nic.speed_mbps,
-        0,
+        rail_peers,
     )
 
 
@@ -363,25 +402,31 @@ def encode_payload(
     for owner in plans:
         if owner not in index:
             raise TableError(f"plan for {owner!r}, which is not a published NIC")
-    nic_bytes = b"".join(encode_nic(n, c) for n, c in zip(nics, changes, strict=True))
+    s = settings or NodeSettings()
+    s.check()
+    nic_bytes = b"".join(
+        encode_nic(n, c, s.rail_peers(n.rail)) for n, c in zip(nics, changes, strict=True)
+    )
     plan_bytes = b"".join(
         encode_plan(n.ifname, plans.get(n.ifname, ()), index, v)
         for n, v in zip(nics, plan_versions, strict=True)
     )
-    s = settings or NodeSettings()
-    s.check()
     body_tail = BODY.pack(
         0,
         flags,
         publish_count,
         publish_ns,
         len(nics),
-        0,
+        LAYOUT_MINOR,
         heartbeat_ms,
         s.completion_ms,
         s.probe_ms,
         s.failback_interval_ms,
         s.flags,
+        RAIL_RULE_CODES.get(s.rail_rule or "", 0),
+        NO_DISTANCE if s.distance_limit is None else Distance(s.distance_limit).value,
+        s.min_rails_up,
+        s.backup_lanes,
         b"",
     )[4:]
     crc = payload_crc(b"\0\0\0\0" + body_tail, nic_bytes, plan_bytes)
@@ -411,8 +456,12 @@ def decode_table(image: bytes) -> TableSnapshot:
     """Pure: a whole table image (a consistent copy) to a snapshot; TableError if corrupt."""
     h = check_header(image)
     body = image[BODY_OFFSET : BODY_OFFSET + BODY.size]
-    crc, flags, publish_count, publish_ns, n, _r0, heartbeat_ms, *settings, _r1 = BODY.unpack(body)
-    c_ms, p_ms, fb_ms, s_flags = settings
+    crc, flags, publish_count, publish_ns, n, minor, heartbeat_ms, *settings, _r1 = BODY.unpack(
+        body
+    )
+    c_ms, p_ms, fb_ms, s_flags, rule, dist, min_up, lanes = settings
+    if minor < 1:  # written before these fields existed: zero bytes, not settings
+        rule, dist, min_up, lanes = 0, NO_DISTANCE, 0, 0
     if n > MAX_NICS:
         raise TableError(f"nic_count {n} > {MAX_NICS}")
     nic_bytes = image[NICS_OFFSET : NICS_OFFSET + n * NIC.size]
@@ -421,10 +470,12 @@ def decode_table(image: bytes) -> TableSnapshot:
         raise TableError("table CRC mismatch (torn or corrupt)")
     nics: list[NicHealth] = []
     changes: list[int] = []
+    pairs: set[frozenset[int]] = set()
     for i in range(n):
-        (ifname, pci, since, chg, rail, state, reason, numa, _a, speed, _b) = NIC.unpack_from(
+        (ifname, pci, since, chg, rail, state, reason, numa, _a, speed, peers) = NIC.unpack_from(
             nic_bytes, i * NIC.size
         )
+        pairs |= {frozenset((rail, r)) for r in range(MAX_PEER_RAIL + 1) if peers >> r & 1}
         try:
             st = NicState(state)
             rs = Reason(reason) if reason in Reason._value2member_map_ else Reason.OTHER
@@ -487,5 +538,11 @@ def decode_table(image: bytes) -> TableSnapshot:
             probe_ms=p_ms,
             failback_interval_ms=fb_ms,
             migrate_on_suspect=bool(s_flags & S_MIGRATE_ON_SUSPECT),
+            rail_rule=RAIL_RULE_NAMES.get(rule),
+            rail_pairs=frozenset(p for p in pairs if len(p) == 2),
+            distance_limit=Distance(dist) if dist <= Distance.SYS else None,
+            backup_lanes=lanes,
+            min_rails_up=min_up,
         ),
+        layout_minor=minor,
     )

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from railhop.control.layout import TableSnapshot
+from railhop.control.layout import NicState, TableSnapshot
 
 STATUS_FILE = "status.json"
 
@@ -219,3 +220,56 @@ def format_agent(doc: Mapping[str, Any]) -> list[str]:
                 f"{_int(e.get('failed_batches'))} failed"
             )
     return out
+
+
+@dataclass(frozen=True)
+class NicCheck:
+    """``railhop status --check --nics``: whether enough rails are up (pure result)."""
+
+    ok: bool
+    rails_up: int
+    rails_total: int
+    min_rails_up: int  # what the policy asks for (every rail when it says 0)
+    failed: tuple[tuple[str, str, str], ...]  # (ifname, state, reason) of NICs not UP
+    message: str  # one line, for node-problem-detector's condition message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "rails_up": self.rails_up,
+            "rails_total": self.rails_total,
+            "min_rails_up": self.min_rails_up,
+            "failed": [{"ifname": n, "state": s, "reason": r} for n, s, r in self.failed],
+            "message": self.message,
+        }
+
+
+def check_nics(snap: TableSnapshot) -> NicCheck:
+    """Pure: count the rails with at least one managed NIC UP (a NIC without a rail is a rail
+    of its own) against the policy's ``health.min_rails_up`` (0: every rail); list every NIC
+    that is not UP. SUSPECT and RECOVERING NICs do not count as up."""
+    rails: dict[object, bool] = {}
+    failed: list[tuple[str, str, str]] = []
+    for n in snap.nics:
+        key: object = n.rail if n.rail is not None else ("nic", n.ifname)
+        up = n.state is NicState.UP
+        rails[key] = rails.get(key, False) or up
+        if not up:
+            failed.append((n.ifname, n.state.name.lower(), n.reason.name.lower()))
+    total = len(rails)
+    up_count = sum(rails.values())
+    want = snap.settings.min_rails_up or total
+    ok = up_count >= want and total > 0
+    if total == 0:
+        message = "no NICs published by the agent"
+    else:
+        nics = ", ".join(f"{n} {s} ({r})" for n, s, r in failed) or "none"
+        message = f"{up_count} of {total} rails up (policy wants {want}); NICs not up: {nics}"
+    return NicCheck(
+        ok=ok,
+        rails_up=up_count,
+        rails_total=total,
+        min_rails_up=want,
+        failed=tuple(failed),
+        message=message,
+    )

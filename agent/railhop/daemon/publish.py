@@ -59,9 +59,14 @@ def _weight(w: float) -> int:
     return max(1, min(0xFFFF, round(w * 10000)))
 
 
+MAX_PLUGIN_BACKUP_LANES = 8  # RAILHOP_BACKUP_LANES' range is 1..8
+
+
 def node_settings(policy: Policy) -> NodeSettings:
     """Pure: the policy's settings every plugin on the node applies (unless a job sets the
-    RAILHOP_* variable): ``timeouts`` and ``health.migrate_on_suspect``."""
+    RAILHOP_* variable): ``timeouts``, ``health.migrate_on_suspect``, ``rail_rule`` and
+    ``distance_limit`` (when the file sets them), ``spreading.max_nics`` (as the plugins'
+    backup lanes, at most 8); and ``health.min_rails_up`` for ``railhop status --check``."""
     t = policy.timeouts
 
     def ms(s: float | None) -> int:
@@ -72,6 +77,13 @@ def node_settings(policy: Policy) -> NodeSettings:
         probe_ms=ms(t.probe_s),
         failback_interval_ms=ms(t.failback_interval_s),
         migrate_on_suspect=policy.health.migrate_on_suspect,
+        rail_rule=policy.rule.kind.value if "rail_rule" in policy.explicit else None,
+        rail_pairs=policy.rule.pairs,
+        distance_limit=(
+            Distance(policy.distance_limit.value) if "distance_limit" in policy.explicit else None
+        ),
+        backup_lanes=min(policy.spreading.max_nics, MAX_PLUGIN_BACKUP_LANES),
+        min_rails_up=policy.health.min_rails_up,
     )
 
 

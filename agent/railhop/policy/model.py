@@ -106,6 +106,7 @@ class HealthPolicy:
     counters: Mapping[str, float] = field(default_factory=dict)
     counter_window_s: float = 10.0
     migrate_on_suspect: bool = False
+    min_rails_up: int = 0  # 0: every rail (railhop status --check --nics)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ class Policy:
     spreading: Spreading = field(default_factory=Spreading)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     source: str | None = None  # file it was loaded from
+    # top-level keys the file sets: the plugins get rail_rule / distance_limit only when set
+    explicit: frozenset[str] = frozenset()
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any], source: str | None = None) -> Policy:
@@ -181,6 +184,7 @@ class Policy:
             counters={str(k): float(v) for k, v in h.get("counters", {}).items()},
             counter_window_s=ms(h, "counter_window_ms", 10.0),
             migrate_on_suspect=bool(h.get("migrate_on_suspect", False)),
+            min_rails_up=int(h.get("min_rails_up", 0)),
         )
         return cls(
             version=int(data["version"]),
@@ -193,6 +197,7 @@ class Policy:
             spreading=spreading,
             health=health,
             source=source,
+            explicit=frozenset(str(k) for k in data),
         )
 
 

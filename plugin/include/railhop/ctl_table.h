@@ -52,6 +52,11 @@
 
 #define RH_CTL_MAGIC 0x4c544852u /* bytes "RHTL" */
 #define RH_CTL_LAYOUT_VERSION 2u /* 2: the policy's settings in the body */
+/* body.layout_minor: a minor version keeps older readers of the same layout_version working
+ * (its fields live in bytes that were reserved and zero before). 1: rail_rule,
+ * distance_limit, min_rails_up, backup_lanes, nic.rail_peers. A reader uses a field only
+ * when layout_minor is at least the minor that introduced it. */
+#define RH_CTL_LAYOUT_MINOR 1u
 #define RH_CTL_MAX_NICS 64
 #define RH_CTL_MAX_BACKUPS 15
 #define RH_CTL_IFNAME_LEN 16 /* IFNAMSIZ, NUL-padded, at least one NUL */
@@ -65,6 +70,15 @@
 
 /* body.settings_flags */
 #define RH_CTL_S_MIGRATE_ON_SUSPECT 0x1u /* treat a SUSPECT NIC as DOWN: move off it now */
+
+/* body.rail_rule: the policy's rail rule, in its words; 0: not set by the policy */
+enum rh_ctl_rail_rule {
+	RH_CTL_RULE_UNSET = 0,
+	RH_CTL_RULE_SAME_RAIL = 1, /* both ends on the same rail */
+	RH_CTL_RULE_ALLOWED_PAIRS = 2, /* same rail, or rails paired in nic.rail_peers */
+	RH_CTL_RULE_ANY = 3, /* every pair */
+};
+#define RH_CTL_MAX_PEER_RAIL 63 /* nic.rail_peers: one bit per remote rail 0..63 */
 
 /* nic.state: what the agent believes about a NIC. 0 is never written for a used record. */
 enum rh_nic_state {
@@ -123,7 +137,7 @@ struct rh_ctl_body {
 	uint64_t publish_count; /* number of publishes by this agent (1 after the first) */
 	uint64_t publish_ns; /* CLOCK_MONOTONIC of this publish */
 	uint16_t nic_count; /* records in use, <= RH_CTL_MAX_NICS */
-	uint16_t reserved0;
+	uint16_t layout_minor; /* RH_CTL_LAYOUT_MINOR of the writer; 0 before minors existed */
 	uint32_t heartbeat_ms; /* the agent's heartbeat period; readers go stale after a multiple */
 	/* The node policy's settings (policy file `timeouts`, `health.migrate_on_suspect`); a
 	 * plugin applies each one unless the job set the RAILHOP_* variable. 0: not set by the
@@ -132,7 +146,12 @@ struct rh_ctl_body {
 	uint32_t probe_ms; /* RAILHOP_PROBE_TIMEOUT */
 	uint32_t failback_interval_ms; /* RAILHOP_FAILBACK_INTERVAL */
 	uint32_t settings_flags; /* RH_CTL_S_* */
-	uint8_t reserved1[16];
+	/* layout_minor >= 1 (older tables: zero bytes, not settings) */
+	uint8_t rail_rule; /* enum rh_ctl_rail_rule: RAILHOP_RAIL_RULE */
+	uint8_t distance_limit; /* enum rh_distance, NO_DISTANCE: not set: RAILHOP_DISTANCE_LIMIT */
+	uint16_t min_rails_up; /* health.min_rails_up, 0: every rail (railhop status --check) */
+	uint16_t backup_lanes; /* spreading.max_nics capped at 8: RAILHOP_BACKUP_LANES */
+	uint8_t reserved1[10];
 };
 
 struct rh_ctl_nic {
@@ -146,7 +165,9 @@ struct rh_ctl_nic {
 	int16_t numa; /* RH_CTL_NO_NUMA if unknown */
 	uint16_t reserved0;
 	uint32_t speed_mbps; /* 0 if unknown */
-	uint64_t reserved1;
+	/* layout_minor >= 1, rail_rule allowed-pairs: bit r set when a lane from this NIC may
+	 * join a remote NIC on rail r (its own rail included); 0 otherwise */
+	uint64_t rail_peers;
 };
 
 /* One backup choice for the NIC the plan belongs to. */
@@ -195,13 +216,17 @@ _Static_assert(offsetof(struct rh_ctl_body, flags) == 4, "flags");
 _Static_assert(offsetof(struct rh_ctl_body, publish_count) == 8, "publish_count");
 _Static_assert(offsetof(struct rh_ctl_body, publish_ns) == 16, "publish_ns");
 _Static_assert(offsetof(struct rh_ctl_body, nic_count) == 24, "nic_count");
-_Static_assert(offsetof(struct rh_ctl_body, reserved0) == 26, "body reserved0");
+_Static_assert(offsetof(struct rh_ctl_body, layout_minor) == 26, "body layout_minor");
 _Static_assert(offsetof(struct rh_ctl_body, heartbeat_ms) == 28, "heartbeat_ms");
 _Static_assert(offsetof(struct rh_ctl_body, completion_ms) == 32, "completion_ms");
 _Static_assert(offsetof(struct rh_ctl_body, probe_ms) == 36, "probe_ms");
 _Static_assert(offsetof(struct rh_ctl_body, failback_interval_ms) == 40, "failback_interval_ms");
 _Static_assert(offsetof(struct rh_ctl_body, settings_flags) == 44, "settings_flags");
-_Static_assert(offsetof(struct rh_ctl_body, reserved1) == 48, "body reserved1");
+_Static_assert(offsetof(struct rh_ctl_body, rail_rule) == 48, "body rail_rule");
+_Static_assert(offsetof(struct rh_ctl_body, distance_limit) == 49, "body distance_limit");
+_Static_assert(offsetof(struct rh_ctl_body, min_rails_up) == 50, "body min_rails_up");
+_Static_assert(offsetof(struct rh_ctl_body, backup_lanes) == 52, "body backup_lanes");
+_Static_assert(offsetof(struct rh_ctl_body, reserved1) == 54, "body reserved1");
 
 _Static_assert(sizeof(struct rh_ctl_nic) == 64, "nic size");
 _Static_assert(offsetof(struct rh_ctl_nic, ifname) == 0, "ifname");
@@ -214,7 +239,7 @@ _Static_assert(offsetof(struct rh_ctl_nic, reason) == 47, "reason");
 _Static_assert(offsetof(struct rh_ctl_nic, numa) == 48, "numa");
 _Static_assert(offsetof(struct rh_ctl_nic, reserved0) == 50, "nic reserved0");
 _Static_assert(offsetof(struct rh_ctl_nic, speed_mbps) == 52, "speed_mbps");
-_Static_assert(offsetof(struct rh_ctl_nic, reserved1) == 56, "nic reserved1");
+_Static_assert(offsetof(struct rh_ctl_nic, rail_peers) == 56, "nic rail_peers");
 
 _Static_assert(sizeof(struct rh_ctl_backup) == 8, "backup size");
 _Static_assert(offsetof(struct rh_ctl_backup, local_nic) == 0, "local_nic");
