@@ -60,12 +60,52 @@ static void ctl_log(void *arg, int level, const char *func, int line, const char
 
 static bool migrate_on_suspect; /* the node policy's health.migrate_on_suspect */
 
+/* The table's codes in the policy's words (enum rh_ctl_rail_rule, enum rh_distance). */
+static const char *rule_word(uint8_t code)
+{
+	switch (code) {
+	case RH_CTL_RULE_SAME_RAIL:
+		return "same-rail";
+	case RH_CTL_RULE_ALLOWED_PAIRS:
+		return "allowed-pairs";
+	case RH_CTL_RULE_ANY:
+		return "any";
+	default:
+		return NULL; /* not set by the policy (or a rule this plugin does not know) */
+	}
+}
+
+static const char *distance_word(uint8_t code)
+{
+	static const char *const words[] = { "PIX", "PIX", "PXB", "PHB", "NODE", "SYS" };
+
+	/* LOC (another port of the same device) is as near as PIX for a limit */
+	return code <= RH_DIST_SYS ? words[code] : NULL;
+}
+
+static void apply_policy(const struct rh_ctl_view *v)
+{
+	struct rh_node_policy p = { .rail_rule = rule_word(v->rail_rule),
+				    .distance_limit = distance_word(v->distance_limit),
+				    .backup_lanes = v->backup_lanes };
+
+	for (uint32_t i = 0; i < v->nic_count; i++) {
+		uint16_t rail = v->nics[i].rail;
+
+		if (rail < RH_NODE_RAIL_PEERS) {
+			p.rail_peers[rail] |= v->nics[i].rail_peers;
+		}
+	}
+	rh_params_apply_policy(&p);
+}
+
 /* The node policy's settings published with the table (env var > policy > default). */
 static void apply_settings(const struct rh_ctl_view *v)
 {
 	bool mos = v->settings_flags & RH_CTL_S_MIGRATE_ON_SUSPECT;
 
 	rh_params_apply_node(v->completion_ms, v->probe_ms, v->failback_interval_ms);
+	apply_policy(v);
 	if (mos != migrate_on_suspect) {
 		migrate_on_suspect = mos;
 		INFO_ENV("node policy: migrate_on_suspect %s (a SUSPECT NIC is %s)",

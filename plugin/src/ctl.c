@@ -596,6 +596,22 @@ int rh_ctl_snapshot(struct rh_ctl *ctl, struct rh_ctl_view *v)
 		v->probe_ms = b.probe_ms;
 		v->failback_interval_ms = b.failback_interval_ms;
 		v->settings_flags = b.settings_flags;
+		v->layout_minor = b.layout_minor;
+		if (b.layout_minor >= 1) {
+			v->rail_rule = b.rail_rule;
+			v->distance_limit = b.distance_limit;
+			v->min_rails_up = b.min_rails_up;
+			v->backup_lanes = b.backup_lanes;
+		} else {
+			/* a table from before minor 1: those bytes are reserved, not settings */
+			v->rail_rule = RH_CTL_RULE_UNSET;
+			v->distance_limit = RH_CTL_NO_DISTANCE;
+			v->min_rails_up = 0;
+			v->backup_lanes = 0;
+			for (uint32_t i = 0; i < n; i++) {
+				v->nics[i].rail_peers = 0;
+			}
+		}
 		if (check_records(v) != 0) {
 			__atomic_store_n(&m->bad_seq, s1 + 1, __ATOMIC_RELAXED);
 			goto proto;

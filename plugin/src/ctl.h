@@ -64,6 +64,13 @@ struct rh_ctl_view {
 	uint32_t probe_ms;
 	uint32_t failback_interval_ms;
 	uint32_t settings_flags; /* RH_CTL_S_* */
+	/* layout_minor >= 1 (the reader zeroes them, distance_limit = NO_DISTANCE, for older
+	 * tables); the NIC records' rail_peers likewise */
+	uint32_t layout_minor;
+	uint8_t rail_rule; /* enum rh_ctl_rail_rule */
+	uint8_t distance_limit; /* enum rh_distance or RH_CTL_NO_DISTANCE */
+	uint16_t min_rails_up;
+	uint16_t backup_lanes;
 	int changed; /* 1 when this call copied a new publish (or a new agent), else 0 */
 	struct rh_ctl_nic nics[RH_CTL_MAX_NICS];
 	struct rh_ctl_plan plans[RH_CTL_MAX_NICS];

@@ -18,11 +18,13 @@ struct rh_params rh_param = { RH_PARAMS(X) };
 const struct rh_params rh_param_defaults = { RH_PARAMS(X) };
 #undef X
 struct rh_param_env rh_param_env;
+uint64_t rh_param_rail_peers[RH_RAIL_PEER_MAX + 1];
 
 /* RAILHOP_* variables used by other railhop components (not plugin parameters). */
-static const char *const other_names[] = { "PLUGIN_PATH",  "HARNESS_PATH", "HARNESS_VERBOSE",
-					   "POLICY",	   "TEST",	   "METRICS_PORT",
-					   "METRICS_ADDR", "TRACE_FILE",   NULL };
+static const char *const other_names[] = {
+	"PLUGIN_PATH",	"HARNESS_PATH", "HARNESS_VERBOSE", "POLICY",	 "TEST",
+	"METRICS_PORT", "METRICS_ADDR", "TRACE_FILE",	   "LOG_FORMAT", NULL
+};
 
 int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
 {
@@ -41,16 +43,27 @@ int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
 	return 0;
 }
 
+/* indexed by enum rh_rail_rule: the policy's words */
+static const char *const rule_names[] = { "same-rail", "any", "allowed-pairs" };
+
 int rh_parse_rail_rule(const char *s, enum rh_rail_rule *out)
 {
+	for (int i = 0; i <= RH_RAIL_ALLOWED_PAIRS; i++) {
+		if (!strcasecmp(s, rule_names[i])) {
+			*out = (enum rh_rail_rule)i;
+			return 0;
+		}
+	}
 	if (!strcasecmp(s, "same")) {
 		*out = RH_RAIL_SAME;
-	} else if (!strcasecmp(s, "any")) {
-		*out = RH_RAIL_ANY;
-	} else {
-		return -EINVAL;
+		return 1;
 	}
-	return 0;
+	return -EINVAL;
+}
+
+const char *rh_rail_rule_name(enum rh_rail_rule r)
+{
+	return r <= RH_RAIL_ALLOWED_PAIRS ? rule_names[r] : "?";
 }
 
 static const char *const dist_names[] = { "PIX", "PXB", "PHB", "NODE", "SYS" };
@@ -121,6 +134,85 @@ void rh_params_apply_node(uint32_t completion_ms, uint32_t probe_ms, uint32_t fa
 		   failback_interval_ms, rh_param_defaults.FAILBACK_INTERVAL);
 }
 
+/* The job's variable wins over the node policy: said once per parameter (one INFO line). */
+static struct {
+	bool rail_rule, distance_limit, backup_lanes;
+} node_logged;
+
+static void job_wins(bool *logged, const char *name, const char *job, const char *policy)
+{
+	if (!*logged && strcmp(job, policy) != 0) {
+		*logged = true;
+		INFO_ENV("RAILHOP_%s=%s: the job's variable wins over the node policy's %s", name,
+			 job, policy);
+	}
+}
+
+static void apply_str(const char *name, bool from_env, bool *logged, const char **field,
+		      const char *policy, const char *def)
+{
+	const char *now = __atomic_load_n(field, __ATOMIC_RELAXED);
+	const char *want = policy ? policy : def;
+
+	if (from_env) {
+		if (policy) {
+			job_wins(logged, name, now, policy);
+		}
+		return;
+	}
+	if (strcmp(want, now) != 0) {
+		/* read by other threads without a lock: one aligned pointer store of a string
+		 * that lives as long as the process (a static name) */
+		__atomic_store_n(field, want, __ATOMIC_RELAXED);
+		INFO_ENV("RAILHOP_%s=%s (%s)", name, want,
+			 policy ? "node policy, via the agent" :
+				  "default: the node policy sets none");
+	}
+}
+
+_Static_assert(RH_NODE_RAIL_PEERS == RH_RAIL_PEER_MAX + 1, "rail_peers rows");
+
+void rh_params_apply_policy(const struct rh_node_policy *p)
+{
+	const char *rule = NULL, *dist = NULL;
+	int64_t lanes_now = __atomic_load_n(&rh_param.BACKUP_LANES, __ATOMIC_RELAXED);
+	int64_t lanes = p->backup_lanes >= 1 && p->backup_lanes <= 8 ? p->backup_lanes : 0;
+	enum rh_rail_rule rr;
+	enum rh_dist d;
+
+	/* keep our own static names: the pointers stored in rh_param outlive p */
+	if (p->rail_rule && rh_parse_rail_rule(p->rail_rule, &rr) >= 0) {
+		rule = rule_names[rr];
+	}
+	if (p->distance_limit && rh_parse_dist(p->distance_limit, &d) == 0) {
+		dist = dist_names[d];
+	}
+	for (int r = 0; r <= RH_RAIL_PEER_MAX; r++) {
+		__atomic_store_n(&rh_param_rail_peers[r], p->rail_peers[r], __ATOMIC_RELAXED);
+	}
+	apply_str("RAIL_RULE", rh_param_env.RAIL_RULE, &node_logged.rail_rule, &rh_param.RAIL_RULE,
+		  rule, rh_param_defaults.RAIL_RULE);
+	apply_str("DISTANCE_LIMIT", rh_param_env.DISTANCE_LIMIT, &node_logged.distance_limit,
+		  &rh_param.DISTANCE_LIMIT, dist, rh_param_defaults.DISTANCE_LIMIT);
+	if (rh_param_env.BACKUP_LANES) {
+		if (lanes && lanes != lanes_now && !node_logged.backup_lanes) {
+			node_logged.backup_lanes = true;
+			INFO_ENV("RAILHOP_BACKUP_LANES=%lld: the job's variable wins over the node "
+				 "policy's %lld",
+				 (long long)lanes_now, (long long)lanes);
+		}
+	} else {
+		int64_t want = lanes ? lanes : rh_param_defaults.BACKUP_LANES;
+
+		if (want != lanes_now) {
+			__atomic_store_n(&rh_param.BACKUP_LANES, want, __ATOMIC_RELAXED);
+			INFO_ENV("RAILHOP_BACKUP_LANES=%lld (%s)", (long long)want,
+				 lanes ? "node policy, via the agent" :
+					 "default: the node policy sets none");
+		}
+	}
+}
+
 static int load_int(const char *name, int64_t *v, bool *from_env)
 {
 	char env[64] = "RAILHOP_";
@@ -167,6 +259,8 @@ int rh_params_load(void)
 	/* every start begins from the defaults: a node policy's value applied while the plugin
 	 * ran (agent.c) does not outlive it */
 	rh_param = rh_param_defaults;
+	memset(rh_param_rail_peers, 0, sizeof(rh_param_rail_peers));
+	memset(&node_logged, 0, sizeof(node_logged));
 #define RH_PARAM_LOAD_int(name) load_int(#name, &rh_param.name, &rh_param_env.name)
 #define RH_PARAM_LOAD_str(name) load_str(#name, &rh_param.name, &rh_param_env.name)
 #define X(name, type, def, doc)               \
@@ -192,8 +286,17 @@ int rh_params_load(void)
 			WARN("unknown parameter RAILHOP_%s ignored", name);
 		}
 	}
-	if (rh_parse_rail_rule(rh_param.RAIL_RULE, &rr) < 0) {
-		WARN("RAILHOP_RAIL_RULE=\"%s\": expected same|any", rh_param.RAIL_RULE);
+	switch (rh_parse_rail_rule(rh_param.RAIL_RULE, &rr)) {
+	case 0:
+		break;
+	case 1:
+		WARN("RAILHOP_RAIL_RULE=\"%s\" is deprecated: use same-rail (the policy's word)",
+		     rh_param.RAIL_RULE);
+		rh_param.RAIL_RULE = rule_names[RH_RAIL_SAME];
+		break;
+	default:
+		WARN("RAILHOP_RAIL_RULE=\"%s\": expected same-rail|allowed-pairs|any",
+		     rh_param.RAIL_RULE);
 		rc = -EINVAL;
 	}
 	if (rh_parse_dist(rh_param.DISTANCE_LIMIT, &d) < 0) {

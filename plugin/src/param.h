@@ -3,8 +3,9 @@
  * All plugin parameters, one X-macro table: X(NAME, type, default, doc).
  * Each is read from the environment variable RAILHOP_<NAME> once, at init; the value and its
  * source (default|env) are logged once. Unknown RAILHOP_* names are warned about. The node
- * policy's timeouts (COMPLETION_TIMEOUT, PROBE_TIMEOUT, FAILBACK_INTERVAL) arrive later through
- * the agent's health table and replace the defaults, never a job's variable (rh_param_pick).
+ * policy's values (COMPLETION_TIMEOUT, PROBE_TIMEOUT, FAILBACK_INTERVAL, RAIL_RULE,
+ * DISTANCE_LIMIT, BACKUP_LANES) arrive later through the agent's health table and replace the
+ * defaults, never a job's variable (rh_param_pick; param_node.h).
  */
 #ifndef RH_PARAM_H
 #define RH_PARAM_H
@@ -38,8 +39,11 @@
 	X(FAILBACK_INTERVAL, int, 1000, "fail-back probe interval, ms")                             \
 	/* Upper bound (ms) of the fail-back backoff applied to a flapping pair. */                 \
 	X(FAILBACK_MAX_BACKOFF, int, 16000, "max fail-back backoff, ms")                            \
-	/* Backup pairs: "same" = same rail on both ends, "any" = any rail. */                      \
-	X(RAIL_RULE, str, "same", "rail rule: same|any")                                            \
+	/* Backup pairs, in the policy's words: "same-rail" = same rail on both ends,       \
+	 * "allowed-pairs" = same rail or a pair of rails the node policy allows (the pairs     \
+	 * come from the agent's table; without them it acts as same-rail), "any" = any rail.  \
+	 * "same" (before issue 30) is still read, with a deprecation warning. */       \
+	X(RAIL_RULE, str, "same-rail", "rail rule: same-rail|allowed-pairs|any")                    \
 	/* Farthest backup NIC relative to the original one: PIX|PXB|PHB|NODE|SYS. */               \
 	X(DISTANCE_LIMIT, str, "NODE", "distance limit: PIX|PXB|PHB|NODE|SYS")                      \
 	/* Most backup lanes a connection spreads over when its pair fails. */                      \
@@ -96,7 +100,9 @@ struct rh_params {
 #undef X
 };
 
-enum rh_rail_rule { RH_RAIL_SAME = 0, RH_RAIL_ANY = 1 };
+enum rh_rail_rule { RH_RAIL_SAME = 0, RH_RAIL_ANY = 1, RH_RAIL_ALLOWED_PAIRS = 2 };
+/* Rails 0..RH_RAIL_PEER_MAX have a row in rh_param_rail_peers. */
+#define RH_RAIL_PEER_MAX 63
 /* PCIe/NUMA distance classes, nearest first (as NCCL's PATH_*). */
 enum rh_dist { RH_DIST_PIX = 0, RH_DIST_PXB, RH_DIST_PHB, RH_DIST_NODE, RH_DIST_SYS };
 
@@ -110,6 +116,10 @@ struct rh_param_env {
 extern struct rh_params rh_param;
 extern const struct rh_params rh_param_defaults;
 extern struct rh_param_env rh_param_env;
+/* allowed-pairs: rh_param_rail_peers[r] has bit q set when a lane from a NIC on rail r may
+ * join a remote NIC on rail q (from the node policy via the table; all 0 without it). Written
+ * by the agent glue with relaxed atomic stores, read the same way. */
+extern uint64_t rh_param_rail_peers[RH_RAIL_PEER_MAX + 1];
 
 /* Pure: the value of a parameter the node policy may set (the agent publishes it through the
  * health table; 0 = not set there). Precedence: the job's RAILHOP_* variable (from_env: keep
@@ -121,7 +131,9 @@ int64_t rh_param_pick(bool from_env, int64_t current, uint32_t policy, int64_t d
 int rh_params_load(void);
 /* Pure parsers (unit-tested). Return 0 or -EINVAL. */
 int rh_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+/* rh_parse_rail_rule: 0, 1 for the deprecated spelling "same" (= same-rail), or -EINVAL. */
 int rh_parse_rail_rule(const char *s, enum rh_rail_rule *out);
+const char *rh_rail_rule_name(enum rh_rail_rule r);
 int rh_parse_dist(const char *s, enum rh_dist *out);
 const char *rh_dist_name(enum rh_dist d);
 /* True when name (without the RAILHOP_ prefix) is a known parameter or a known non-plugin name. */

@@ -1119,9 +1119,48 @@ static int send_main(const char *dir, int n)
 	return sent == n ? 0 : 1;
 }
 
+/* ---- --dump mode: one snapshot's node policy, for the Python layout-minor tests ---- */
+
+static int dump_main(const char *dir)
+{
+	struct rh_ctl_opts o = { .log = test_log, .poll_interval_ns = 1000000 };
+	struct rh_ctl_view *v = new_view();
+	uint64_t end = now_ns() + 5000000000ull;
+	struct rh_ctl *ctl;
+	int rc = -EAGAIN;
+
+	if (rh_ctl_open(dir, &o, &ctl) != 0) {
+		return 2;
+	}
+	while (rc != 0 && now_ns() < end) {
+		rh_ctl_refresh(ctl);
+		rc = rh_ctl_snapshot(ctl, v);
+		if (rc != 0) {
+			usleep(2000);
+		}
+	}
+	if (rc == 0) {
+		printf("{\"layout_minor\": %u, \"rail_rule\": %u, \"distance_limit\": %u, "
+		       "\"min_rails_up\": %u, \"backup_lanes\": %u, \"completion_ms\": %u, "
+		       "\"rail_peers\": [",
+		       v->layout_minor, v->rail_rule, v->distance_limit, v->min_rails_up,
+		       v->backup_lanes, v->completion_ms);
+		for (uint32_t i = 0; i < v->nic_count; i++) {
+			printf("%s\"%" PRIu64 "\"", i ? ", " : "", v->nics[i].rail_peers);
+		}
+		printf("]}\n");
+	}
+	rh_ctl_close(ctl);
+	free(v);
+	return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	verbose = getenv("RAILHOP_TEST_VERBOSE") != NULL;
+	if (argc == 3 && strcmp(argv[1], "--dump") == 0) {
+		return dump_main(argv[2]);
+	}
 	if (argc == 4 && strcmp(argv[1], "--reader") == 0) {
 		return reader_main(argv[2], atof(argv[3]));
 	}

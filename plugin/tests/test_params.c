@@ -24,7 +24,7 @@ int main(void)
 	EXPECT_EQ(rh_parse_int("12ms", 0, 100, &v), -EINVAL);
 	EXPECT_EQ(rh_parse_int("-1", 0, 100, &v), -EINVAL);
 	EXPECT_EQ(rh_parse_int("101", 0, 100, &v), -EINVAL);
-	EXPECT_EQ(rh_parse_rail_rule("same", &rr), 0);
+	EXPECT_EQ(rh_parse_rail_rule("same", &rr), 1); /* deprecated spelling */
 	EXPECT_EQ(rr, RH_RAIL_SAME);
 	EXPECT_EQ(rh_parse_rail_rule("ANY", &rr), 0);
 	EXPECT_EQ(rr, RH_RAIL_ANY);
@@ -42,7 +42,7 @@ int main(void)
 	EXPECT_EQ(rh_param.COMPLETION_TIMEOUT, 1000);
 	EXPECT_EQ(rh_param.FAILBACK_INTERVAL, 1000);
 	EXPECT(strcmp(rh_param.DISTANCE_LIMIT, "NODE") == 0);
-	EXPECT(strcmp(rh_param.RAIL_RULE, "same") == 0);
+	EXPECT(strcmp(rh_param.RAIL_RULE, "same-rail") == 0);
 
 	EXPECT_EQ(rh_nic_parse_list("nic0:0,nic1:1,eth7", s, RH_MAX_NICS), 3);
 	EXPECT(strcmp(s[1].ifname, "nic1") == 0);

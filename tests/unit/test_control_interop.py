@@ -169,3 +169,105 @@ def test_c_sender_events_reach_the_python_server(test_ctl: Path, tmp_path: Path)
         assert e.local_addr == ipaddress.IPv4Address(f"10.77.{i % 4}.1")
         assert e.remote_addr is None
         assert 0 < e.t_ns <= rx.recv_ns
+
+
+POLICY_SETTINGS = NodeSettings(
+    completion_ms=2000,
+    rail_rule="allowed-pairs",
+    rail_pairs=frozenset({frozenset((0, 1)), frozenset((2, 3))}),
+    distance_limit=Distance.PHB,
+    backup_lanes=5,
+    min_rails_up=3,
+)
+FOUR = [NicHealth(f"nic{i}", NicState.UP, 1, rail=i) for i in range(4)]
+
+
+def _dump(test_ctl: Path, run_dir: Path) -> dict[str, object]:
+    r = subprocess.run(
+        [str(test_ctl), "--dump", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, object] = json.loads(r.stdout)
+    return doc
+
+
+def test_c_reader_takes_the_policy_of_layout_minor_1(test_ctl: Path, tmp_path: Path) -> None:
+    """A table written by this agent (layout 2, minor 1) read by the plugin's reader: the rail
+    rule, distance limit, backup lanes, min_rails_up and each NIC's rail peers arrive."""
+    w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=250, settings=POLICY_SETTINGS)
+    w.publish(FOUR, {})
+    try:
+        doc = _dump(test_ctl, tmp_path)
+    finally:
+        w.close()
+    assert doc == {
+        "layout_minor": 1,
+        "rail_rule": layout.RAIL_RULE_CODES["allowed-pairs"],
+        "distance_limit": int(Distance.PHB),
+        "min_rails_up": 3,
+        "backup_lanes": 5,
+        "completion_ms": 2000,
+        "rail_peers": [str(0b0011), str(0b0011), str(0b1100), str(0b1100)],
+    }
+    snap = layout.decode_table((tmp_path / "health.tbl").read_bytes())
+    assert snap.layout_minor == 1 and snap.settings.rail_pairs == POLICY_SETTINGS.rail_pairs
+
+
+def test_c_reader_ignores_those_bytes_in_a_minor_0_table(test_ctl: Path, tmp_path: Path) -> None:
+    """A table of an agent from before minor 1 (layout_minor 0): the bytes that became settings
+    were reserved there; the plugin must not take them for settings, even non-zero ones, and
+    reads the rest as before."""
+    w = TableWriter(tmp_path / "health.tbl", heartbeat_ms=250, settings=POLICY_SETTINGS)
+    w.publish(FOUR, {})
+    path = tmp_path / "health.tbl"
+    image = bytearray(path.read_bytes())
+    body_minor = layout.BODY_OFFSET + layout.offsets_of(layout.BODY_FIELDS)["layout_minor"]
+    image[body_minor : body_minor + 2] = b"\0\0"
+    n = len(FOUR)
+    body = bytes(image[layout.BODY_OFFSET : layout.BODY_OFFSET + layout.BODY.size])
+    nics = bytes(image[layout.NICS_OFFSET : layout.NICS_OFFSET + n * layout.NIC.size])
+    plans = bytes(image[layout.PLANS_OFFSET : layout.PLANS_OFFSET + n * layout.PLAN_SIZE])
+    crc = layout.payload_crc(body, nics, plans)
+    image[layout.BODY_OFFSET : layout.BODY_OFFSET + 4] = crc.to_bytes(4, "little")
+    with path.open("r+b") as f:  # in place: the writer's file, same inode
+        f.write(image)
+    try:
+        doc = _dump(test_ctl, tmp_path)
+    finally:
+        w.close()
+    assert doc == {
+        "layout_minor": 0,
+        "rail_rule": 0,
+        "distance_limit": layout.NO_DISTANCE,
+        "min_rails_up": 0,
+        "backup_lanes": 0,
+        "completion_ms": 2000,  # a layout-2 setting: still read
+        "rail_peers": ["0", "0", "0", "0"],
+    }
+    snap = layout.decode_table(bytes(image))
+    assert snap.layout_minor == 0 and snap.settings.rail_rule is None
+    assert snap.settings.min_rails_up == 0 and snap.settings.completion_ms == 2000
+
+
+def test_the_policy_reaches_the_table(tmp_path: Path) -> None:
+    """node_settings(): what the policy file says is what the plugins get; rail_rule and
+    distance_limit only when the file sets them."""
+    from railhop.daemon.publish import node_settings
+    from railhop.policy import load_policy
+
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        "version: 1\nrail_rule:\n  kind: allowed-pairs\n  groups: [[0, 1, 2]]\n"
+        "distance_limit: PXB\nspreading:\n  max_nics: 12\nhealth:\n  min_rails_up: 2\n"
+    )
+    s = node_settings(load_policy(p))
+    assert s.rail_rule == "allowed-pairs" and s.distance_limit == Distance.PXB
+    assert s.backup_lanes == 8 and s.min_rails_up == 2  # max_nics capped at the plugin's 8
+    assert s.rail_peers(0) == 0b111 and s.rail_peers(3) == 0b1000 and s.rail_peers(None) == 0
+    p.write_text("version: 1\n")
+    s = node_settings(load_policy(p))
+    assert s.rail_rule is None and s.distance_limit is None and s.backup_lanes == 0

@@ -45,11 +45,16 @@ int rh_backup_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_
 {
 	struct rh_rank_nic loc[RH_MAX_NICS], rem[RH_MAX_NICS];
 	bool excl[RH_MAX_NICS * RH_MAX_NICS] = { 0 };
+	uint64_t peers[RH_RAIL_PEER_MAX + 1];
 	struct rh_rank_in in;
 	uint64_t now = rh_now_ms();
 
-	rh_parse_rail_rule(rh_param.RAIL_RULE, &in.rule);
-	rh_parse_dist(rh_param.DISTANCE_LIMIT, &in.limit);
+	rh_parse_rail_rule(__atomic_load_n(&rh_param.RAIL_RULE, __ATOMIC_RELAXED), &in.rule);
+	for (int r = 0; r <= RH_RAIL_PEER_MAX; r++) {
+		peers[r] = __atomic_load_n(&rh_param_rail_peers[r], __ATOMIC_RELAXED);
+	}
+	in.rail_peers = peers;
+	rh_parse_dist(__atomic_load_n(&rh_param.DISTANCE_LIMIT, __ATOMIC_RELAXED), &in.limit);
 	fill_rank_nics(c, loc, rem);
 	for (int l = 0; l < rh_g.nnics; l++) {
 		for (int r = 0; r < c->nrnics; r++) {

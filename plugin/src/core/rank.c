@@ -79,6 +79,24 @@ static int cmp_scored(const void *a, const void *b)
 	return 0;
 }
 
+/* The rail rule: may a lane join a local NIC on rail lr with a remote NIC on rail rr? */
+static bool rails_allowed(const struct rh_rank_in *in, int lr, int rr)
+{
+	switch (in->rule) {
+	case RH_RAIL_ANY:
+		return true;
+	case RH_RAIL_ALLOWED_PAIRS:
+		if (lr == rr) {
+			return true;
+		}
+		return in->rail_peers && lr >= 0 && lr <= RH_RAIL_PEER_MAX && rr >= 0 &&
+		       rr <= RH_RAIL_PEER_MAX && (in->rail_peers[lr] >> rr & 1);
+	case RH_RAIL_SAME:
+	default:
+		return lr == rr;
+	}
+}
+
 int rh_rank_pairs(const struct rh_rank_in *in, struct rh_pair *out, int max)
 {
 	int ncand = 0, nout = 0;
@@ -107,7 +125,7 @@ int rh_rank_pairs(const struct rh_rank_in *in, struct rh_pair *out, int max)
 			if (!a->up || !b->up || (in->exclude && in->exclude[l * in->nremote + r])) {
 				continue;
 			}
-			if (in->rule == RH_RAIL_SAME && a->rail != b->rail) {
+			if (!rails_allowed(in, a->rail, b->rail)) {
 				continue;
 			}
 			if (ol && l != in->orig_local) {

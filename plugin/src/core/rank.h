@@ -10,6 +10,7 @@
 #define RH_RANK_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "../param.h"
 
@@ -28,6 +29,9 @@ struct rh_rank_in {
 	int nremote;
 	int orig_local, orig_remote;
 	enum rh_rail_rule rule;
+	/* RH_RAIL_ALLOWED_PAIRS: rail_peers[r] bit q set when local rail r may join remote rail
+	 * q (rails 0..RH_RAIL_PEER_MAX; may be NULL: same rail only) */
+	const uint64_t *rail_peers;
 	enum rh_dist limit;
 	/* Pairs to leave out (already in use or known bad): bad[l * nremote + r]; may be NULL. */
 	const bool *exclude;
