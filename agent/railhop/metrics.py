@@ -10,6 +10,8 @@
 | ``railhop_failover_completion_seconds`` | histogram | nic | FAILOVER_START -> _END per conn |
 | ``railhop_escalations_total`` | counter | nic, reason | escalation spans |
 | ``railhop_failbacks_total`` | counter | nic | fail-back spans |
+| ``railhop_job_failovers_total`` | counter | nic, k8s_pod_uid, k8s_qos_class, | migration spans |
+| | | slurm_job_id | (the job the process's cgroup names) |
 | ``railhop_lanes`` | gauge | nic (unmanaged: ``other``) | plugin LANE_UP / LANE_DOWN / errors |
 | ``railhop_lane_events_total`` | counter | type | plugin lane events |
 | ``railhop_nic_bytes_total`` | counter | nic, direction | ``/sys/class/net/<nic>/statistics`` |
@@ -23,7 +25,10 @@
 
 Every label value is bounded: NICs are the managed ones (else ``other``), lanes are the
 plugin's lane indices (else ``other``); the per-lane series sum every traced process (a pid
-label would grow with every job). No ``*_created`` series
+label would grow with every job). Job labels (``railhop_job_failovers_total``: pod UID, QoS
+class, Slurm job id, from ``railhop.jobs``; never a pid or container id) are kept for at most
+``MAX_JOBS`` jobs at a time: when one more job fails over, the series of the job that failed
+over least recently are removed. No ``*_created`` series
 (``prometheus_client.disable_created_metrics``).
 
 The translation of spans and lane events into samples is done here (``observe_spans``,
@@ -36,7 +41,8 @@ from __future__ import annotations
 import logging
 import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +172,13 @@ class AgentMetrics:
         self.failbacks = Counter(
             "railhop_failbacks", "Failovers that ended back on the NIC", ["nic"], registry=r
         )
+        self.job_failovers = Counter(
+            "railhop_job_failovers",
+            "Connections moved off a failed NIC, by the job (pod or Slurm job) of the process",
+            ["nic", "k8s_pod_uid", "k8s_qos_class", "slurm_job_id"],
+            registry=r,
+        )
+        self._jobs: OrderedDict[tuple[str, str, str], set[str]] = OrderedDict()
         self.sources = Gauge(
             "railhop_sources", "1 for each signal source the agent started", ["source"], registry=r
         )
@@ -213,12 +226,34 @@ class AgentMetrics:
                 self.failovers.labels(nic, str(a.get("railhop.detection.signal", ""))).inc()
                 src = str(a.get("railhop.detection.source", ""))
                 self.detection.labels(src).observe(_ns(a.get("railhop.detection.latency_ms")) / 1e3)
-            elif s.name == MIGRATION and a.get("railhop.migration.outcome") == "resumed":
-                self.completion.labels(nic).observe(max(0, s.end_ns - s.start_ns) / 1e9)
+            elif s.name == MIGRATION:
+                if a.get("railhop.migration.outcome") == "resumed":
+                    self.completion.labels(nic).observe(max(0, s.end_ns - s.start_ns) / 1e9)
+                self._job_failover(nic, a)
             elif s.name == ESCALATION:
                 self.escalations.labels(nic, str(a.get("error.type", ""))).inc()
             elif s.name == FAILBACK:
                 self.failbacks.labels(nic).inc()
+
+    MAX_JOBS = 64  # jobs with series in railhop_job_failovers_total at a time
+
+    def _job_failover(self, nic: str, a: Mapping[str, object]) -> None:
+        """One connection of a job moved (its span carries the job: railhop.jobs)."""
+        job = (
+            str(a.get("k8s.pod.uid", "")),
+            str(a.get("railhop.k8s.qos_class", "")),
+            str(a.get("railhop.slurm.job_id", "")),
+        )
+        if job == ("", "", ""):
+            return  # not attributed: the node-level railhop_failovers_total has it
+        nics = self._jobs.pop(job, set())
+        self._jobs[job] = nics  # most recent last
+        nics.add(nic)
+        self.job_failovers.labels(nic, *job).inc()
+        while len(self._jobs) > self.MAX_JOBS:
+            old, old_nics = self._jobs.popitem(last=False)
+            for n in old_nics:
+                self.job_failovers.remove(n, *old)
 
     MAX_LANES = 65536  # lanes remembered; beyond, the oldest is forgotten
 

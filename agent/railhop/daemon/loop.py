@@ -41,6 +41,7 @@ from railhop.daemon.translate import (
     health_event_from_source,
     ifname_of,
 )
+from railhop.jobs import JobCache
 from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
 from railhop.procs import netns_ino
@@ -186,6 +187,8 @@ class Agent:
         self._status_next = 0.0
         self._reload_now = False
         self.export_health: list[ExportHealth] = []  # one per OTLP exporter
+        # pid -> job (pod UID, QoS, container, Slurm job) of the plugins' processes
+        self.jobs = JobCache()
         self._export_seen: tuple[tuple[int, int], ...] = ()
         self._wake = asyncio.Event()
         self._metrics_retry: asyncio.Task[None] | None = None
@@ -291,6 +294,8 @@ class Agent:
                 offset_ns=tracing.epoch_offset_ns(mono=self._clock),
                 config=tracing.AssemblerConfig(hw_ids=hw_ids),
             )
+        if self.tracer is not None:
+            self.tracer.enrich = self.jobs.enrich  # failovers attributed to the job
         if self.tracer is not None and self.metrics is not None:
             self.tracer.observers.append(self.metrics.observe_spans)
             self.metrics.set_tracer(self.tracer)
@@ -424,6 +429,8 @@ class Agent:
         self._book_lane(rx.event, pid, rx.peer.uid)
         if rx.event.type is not EventType.LANE_TIMEOUT:
             self._socket_lane_pids.add(pid)
+        if self.tracer is not None:
+            self.jobs.remember(pid)  # while the process lives: its spans may end after it
         if self.metrics is not None:
             self.metrics.lane_event(rx.event, pid)
         if self.tracer is not None:  # before the health model: the signal opens the span
@@ -517,6 +524,8 @@ class Agent:
         le = self._usdt.translate(ev)
         if le is None:
             return
+        if self.tracer is not None:
+            self.jobs.remember(pid)
         if self.metrics is not None:
             self.metrics.lane_event(le, pid)
         if self.tracer is not None:

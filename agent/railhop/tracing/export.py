@@ -306,6 +306,7 @@ class FailoverTracer:
         host: str | None = None,
         config: AssemblerConfig | None = None,
         observers: Iterable[Callable[[Sequence[SpanDesc]], None]] = (),
+        enrich: Callable[[Sequence[SpanDesc]], Sequence[SpanDesc]] | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.assembler = FailoverAssembler(
@@ -314,6 +315,9 @@ class FailoverTracer:
             config=config,
         )
         self.observers = list(observers)
+        # adds attributes to finished spans before observers and sinks see them (the job of
+        # the process: railhop.jobs.JobCache.enrich)
+        self.enrich = enrich
         self.errors = 0
         self.spans = 0
 
@@ -326,6 +330,12 @@ class FailoverTracer:
             return
         if not spans:
             return
+        if self.enrich is not None:
+            try:
+                spans = list(self.enrich(spans))
+            except Exception:
+                self.errors += 1
+                log.exception("span enrichment failed (spans kept as they were)")
         self.spans += len(spans)
         for obs in self.observers:
             try:
