@@ -2,19 +2,19 @@
 
 | metric | type | labels | from |
 |---|---|---|---|
-| ``railhop_nic_state`` | gauge (1 for the current state) | nic, state | health transitions |
-| ``railhop_nic_up`` | gauge | nic | health transitions |
-| ``railhop_nic_transitions_total`` | counter | nic, to | health transitions |
-| ``railhop_failovers_total`` | counter | nic, cause | detection spans |
+| ``railhop_nic_state`` | gauge (1 for the current state) | device, state | health transitions |
+| ``railhop_nic_up`` | gauge | device | health transitions |
+| ``railhop_nic_transitions_total`` | counter | device, to | health transitions |
+| ``railhop_failovers_total`` | counter | device, cause | detection spans |
 | ``railhop_detection_latency_seconds`` | histogram | source | first bad signal -> NIC DOWN |
-| ``railhop_failover_completion_seconds`` | histogram | nic | FAILOVER_START -> _END per conn |
-| ``railhop_escalations_total`` | counter | nic, reason | escalation spans |
-| ``railhop_failbacks_total`` | counter | nic | fail-back spans |
-| ``railhop_job_failovers_total`` | counter | nic, k8s_pod_uid, k8s_qos_class, | migration spans |
-| | | slurm_job_id | (the job the process's cgroup names) |
-| ``railhop_lanes`` | gauge | nic (unmanaged: ``other``) | plugin LANE_UP / LANE_DOWN / errors |
+| ``railhop_failover_completion_seconds`` | histogram | device | FAILOVER_START -> _END per conn |
+| ``railhop_escalations_total`` | counter | device, reason | escalation spans |
+| ``railhop_failbacks_total`` | counter | device | fail-back spans |
+| ``railhop_job_failovers_total`` | counter | device, k8s_pod_uid, k8s_qos_class, | migration |
+| | | slurm_job_id | spans (the job the process's cgroup names) |
+| ``railhop_lanes`` | gauge | device (unmanaged: ``other``) | plugin LANE_UP / LANE_DOWN / errors |
 | ``railhop_lane_events_total`` | counter | type | plugin lane events |
-| ``railhop_nic_bytes_total`` | counter | nic, direction | ``/sys/class/net/<nic>/statistics`` |
+| ``railhop_nic_bytes_total`` | counter | device, direction | ``/sys/class/net/<nic>/statistics`` |
 | ``railhop_lane_bytes_total`` | counter | lane | plugin USDT ``req_done`` (when traced) |
 | ``railhop_request_completion_seconds`` | histogram | lane | plugin USDT ``req_done`` |
 | ``railhop_sources`` | gauge | source | sources that started (readiness) |
@@ -23,13 +23,14 @@
 | ``railhop_build_info`` | gauge (1) | version, python | the package |
 | ``process_*`` | | | ``prometheus_client``'s process collector (CPU, memory, fds) |
 
-Every label value is bounded: NICs are the managed ones (else ``other``), lanes are the
-plugin's lane indices (else ``other``); the per-lane series sum every traced process (a pid
-label would grow with every job). Job labels (``railhop_job_failovers_total``: pod UID, QoS
-class, Slurm job id, from ``railhop.jobs``; never a pid or container id) are kept for at most
-``MAX_JOBS`` jobs at a time: when one more job fails over, the series of the job that failed
-over least recently are removed. No ``*_created`` series
-(``prometheus_client.disable_created_metrics``).
+The NIC label is ``device`` (as node_exporter's ``node_network_*{device=...}``, so the two
+join; it was ``nic`` before issue 30). Every label value is bounded: NICs are the managed ones
+(else ``other``), lanes are the plugin's lane indices (else ``other``); the per-lane series
+sum every traced process (a pid label would grow with every job). Job labels
+(``railhop_job_failovers_total``: pod UID, QoS class, Slurm job id, from ``railhop.jobs``;
+never a pid or container id) are kept for at most ``MAX_JOBS`` jobs at a time: when one more
+job fails over, the series of the job that failed over least recently are removed. No
+``*_created`` series (``prometheus_client.disable_created_metrics``).
 
 The translation of spans and lane events into samples is done here (``observe_spans``,
 ``lane_event``); the daemon only calls it. Reading ``/sys`` takes ``root=``; a missing file
@@ -73,6 +74,10 @@ log = logging.getLogger("railhop.metrics")
 
 STATES = ("up", "suspect", "down", "recovering")
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# The port railhop's deployments serve metrics on (the chart, the systemd unit's example, the
+# demo): not 9464, the OpenTelemetry Prometheus exporter's default, nor any other common
+# exporter's. The agent itself serves metrics only when given --metrics-port.
+DEFAULT_PORT = 18464
 MAX_LANE_LABEL = 64  # lane indices 0..63 (and -1, "no lane") are labels; others are "other"
 
 # `*_created` series double the series count and scrapers derive the same from resets
@@ -142,15 +147,20 @@ class AgentMetrics:
         self.nic_state = Gauge(
             "railhop_nic_state",
             "1 for the NIC's current health state",
-            ["nic", "state"],
+            ["device", "state"],
             registry=r,
         )
-        self.nic_up = Gauge("railhop_nic_up", "1 when the NIC is UP (usable)", ["nic"], registry=r)
+        self.nic_up = Gauge(
+            "railhop_nic_up", "1 when the NIC is UP (usable)", ["device"], registry=r
+        )
         self.transitions = Counter(
-            "railhop_nic_transitions", "Health state changes", ["nic", "to"], registry=r
+            "railhop_nic_transitions", "Health state changes", ["device", "to"], registry=r
         )
         self.failovers = Counter(
-            "railhop_failovers", "Failovers started, by NIC and cause", ["nic", "cause"], registry=r
+            "railhop_failovers",
+            "Failovers started, by NIC and cause",
+            ["device", "cause"],
+            registry=r,
         )
         self.detection = Histogram(
             "railhop_detection_latency_seconds",
@@ -162,27 +172,27 @@ class AgentMetrics:
         self.completion = Histogram(
             "railhop_failover_completion_seconds",
             "Per connection: the plugin's FAILOVER_START -> FAILOVER_END (first completion after)",
-            ["nic"],
+            ["device"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.escalations = Counter(
-            "railhop_escalations", "Failovers that escalated", ["nic", "reason"], registry=r
+            "railhop_escalations", "Failovers that escalated", ["device", "reason"], registry=r
         )
         self.failbacks = Counter(
-            "railhop_failbacks", "Failovers that ended back on the NIC", ["nic"], registry=r
+            "railhop_failbacks", "Failovers that ended back on the NIC", ["device"], registry=r
         )
         self.job_failovers = Counter(
             "railhop_job_failovers",
             "Connections moved off a failed NIC, by the job (pod or Slurm job) of the process",
-            ["nic", "k8s_pod_uid", "k8s_qos_class", "slurm_job_id"],
+            ["device", "k8s_pod_uid", "k8s_qos_class", "slurm_job_id"],
             registry=r,
         )
         self._jobs: OrderedDict[tuple[str, str, str], set[str]] = OrderedDict()
         self.sources = Gauge(
             "railhop_sources", "1 for each signal source the agent started", ["source"], registry=r
         )
-        self.lanes = Gauge("railhop_lanes", "Plugin lanes up on the NIC", ["nic"], registry=r)
+        self.lanes = Gauge("railhop_lanes", "Plugin lanes up on the NIC", ["device"], registry=r)
         self.lane_events = Counter(
             "railhop_lane_events", "Plugin lane events received", ["type"], registry=r
         )
@@ -352,7 +362,7 @@ class _Dynamic(Collector):
         fam = CounterMetricFamily(
             "railhop_nic_bytes",
             "Bytes through the NIC (sysfs statistics)",
-            labels=["nic", "direction"],
+            labels=["device", "direction"],
         )
         for nic in self.m.nics:
             base = self.m.sys_root / "sys/class/net" / nic / "statistics"

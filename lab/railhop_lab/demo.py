@@ -344,7 +344,7 @@ cfg = daemon.AgentConfig(
     heartbeat_ms=100, duration_s=float(sys.argv[4]), ebpf_start_timeout_s=float(sys.argv[6]))
 sys.exit(daemon.run_agent(cfg))
 """
-METRICS_PORT = 9464
+METRICS_PORT = 18464  # railhop.metrics.DEFAULT_PORT
 # the agents' sources: netlink (carrier) and the eBPF carrier and TCP lane probes; the TCP
 # probe's signal on the blackholed lane's sockets is the kernel evidence that corroborates one
 # process's lane timeout (without it the blackhole leaves the NIC SUSPECT)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.privileged
 REPO = Path(__file__).resolve().parents[2]
 RECEIVER = REPO / "tests" / "unit" / "test_tracing_otlp.py"
 MiB = 1 << 20
-METRICS_PORT = 9464
+METRICS_PORT = 18464  # railhop.metrics.DEFAULT_PORT
 FAILED_NIC = 1
 
 AGENT = """
@@ -128,7 +128,7 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         until(ready, 90, "agent up")
         assert agent.poll() is None, agent_log.read_text()
         m0 = metrics0(fab)
-        assert m0['railhop_nic_state{nic="nic1",state="up"}'] == 1
+        assert m0['railhop_nic_state{device="nic1",state="up"}'] == 1
 
         cfg = HarnessConfig(conns=4, sizes=(MiB, 4096), duration=9.0, deadline=40.0, seed=8)
         with HarnessRun(fab, cfg, workdir=work) as run:
@@ -137,7 +137,7 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
             fab.carrier_down(0, FAILED_NIC, end="remote")
             wall1 = time.time_ns()
             until(
-                lambda: metrics0(fab).get('railhop_nic_state{nic="nic1",state="down"}') == 1,
+                lambda: metrics0(fab).get('railhop_nic_state{device="nic1",state="down"}') == 1,
                 10,
                 "nic1 down in the metrics",
             )
@@ -150,15 +150,15 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert res.recv.summary is not None and res.recv.summary.data_errors == 0
 
         # ---- metrics during the failover
-        assert during['railhop_failovers_total{cause="carrier_down",nic="nic1"}'] == 1
+        assert during['railhop_failovers_total{cause="carrier_down",device="nic1"}'] == 1
         assert during['railhop_detection_latency_seconds_count{source="netlink"}'] == 1
         assert during['railhop_detection_latency_seconds_sum{source="netlink"}'] < 1.0
-        assert during['railhop_nic_up{nic="nic1"}'] == 0
-        ups = {i: during[f'railhop_nic_up{{nic="nic{i}"}}'] for i in range(4)}
+        assert during['railhop_nic_up{device="nic1"}'] == 0
+        ups = {i: during[f'railhop_nic_up{{device="nic{i}"}}'] for i in range(4)}
         assert ups == {0: 1, 1: 0, 2: 1, 3: 1}, (ups, agent_log.read_text()[-2000:])
 
         def delta(nic: int) -> float:
-            k = f'railhop_nic_bytes_total{{direction="tx",nic="nic{nic}"}}'
+            k = f'railhop_nic_bytes_total{{device="nic{nic}",direction="tx"}}'
             return later[k] - during[k]
 
         deltas = {i: delta(i) for i in range(4)}
@@ -229,10 +229,10 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert ra["railhop.failover.connections"] == 1
         assert fb["attributes"]["railhop.failback.connections"] == 1
         # 1 s into the failover: the connection resumed, its lanes moved off nic1
-        assert later['railhop_failover_completion_seconds_count{nic="nic1"}'] == 1
-        assert later['railhop_lanes{nic="nic1"}'] == 0
+        assert later['railhop_failover_completion_seconds_count{device="nic1"}'] == 1
+        assert later['railhop_lanes{device="nic1"}'] == 0
         # (>= 1: the plugin drops the LANE_UPs it makes before its control plane is open)
-        assert sum(later[f'railhop_lanes{{nic="nic{i}"}}'] for i in (0, 2, 3)) >= 1
+        assert sum(later[f'railhop_lanes{{device="nic{i}"}}'] for i in (0, 2, 3)) >= 1
         if usdt:
             assert any(k.startswith("railhop_lane_bytes_total") for k in later)
             assert later["railhop_control_events_total"] == 0

@@ -186,7 +186,7 @@ def test_metrics_are_parsed_with_prometheus_clients_parser() -> None:
         "# HELP railhop_sources x\n# TYPE railhop_sources gauge\n"
         'railhop_sources{source="netlink"} 1.0\n'
         "# TYPE railhop_failovers counter\n"
-        'railhop_failovers_total{nic="nic1",cause="carrier_down"} 2.0\n'
+        'railhop_failovers_total{device="nic1",cause="carrier_down"} 2.0\n'
         "# TYPE railhop_detection_latency_seconds histogram\n"
         'railhop_detection_latency_seconds_bucket{source="netlink",le="0.1"} 1.0\n'
         'railhop_detection_latency_seconds_count{source="netlink"} 1.0\n'
@@ -195,7 +195,7 @@ def test_metrics_are_parsed_with_prometheus_clients_parser() -> None:
     )
     got = parse_metrics(text)
     assert got['railhop_sources{source="netlink"}'] == 1.0
-    assert got['railhop_failovers_total{nic="nic1",cause="carrier_down"}'] == 2.0
+    assert got['railhop_failovers_total{device="nic1",cause="carrier_down"}'] == 2.0
     assert got['railhop_detection_latency_seconds_count{source="netlink"}'] == 1.0
     assert got["railhop_control_clients"] == 3.0
     assert got['odd{v="a\\"b"}'] == 4.0

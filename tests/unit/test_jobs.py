@@ -117,7 +117,7 @@ def _job_series(m: AgentMetrics) -> dict[tuple[str, ...], float]:
                 if smp.name.endswith("_total"):
                     lab = smp.labels
                     key = (
-                        lab["nic"],
+                        lab["device"],
                         lab["k8s_pod_uid"],
                         lab["k8s_qos_class"],
                         lab["slurm_job_id"],

@@ -41,26 +41,27 @@ def test_spans_drive_failover_counters_and_histograms() -> None:
     a.transition(StateChange("nic1", "up", "down", "device fatal", 5 * S, 5 * S))
     spans += a.decision(Decision("nic1", "p", "migrate", (), 5 * S, 5 * S))
     m.observe_spans(spans)
-    assert value(m, "railhop_failovers_total", nic="nic0", cause="carrier_down") == 1
+    assert value(m, "railhop_failovers_total", device="nic0", cause="carrier_down") == 1
     assert value(m, "railhop_detection_latency_seconds_count", source="netlink") == 1
     assert value(m, "railhop_detection_latency_seconds_sum", source="netlink") == pytest.approx(
         0.040
     )
     assert value(m, "railhop_detection_latency_seconds_bucket", source="netlink", le="0.05") == 1
     assert value(m, "railhop_detection_latency_seconds_bucket", source="netlink", le="0.025") == 0
-    assert value(m, "railhop_failover_completion_seconds_sum", nic="nic0") == pytest.approx(0.030)
-    assert value(m, "railhop_failbacks_total", nic="nic0") == 1
-    assert value(m, "railhop_escalations_total", nic="nic1", reason="no_backup_pair") == 1
+    completion = value(m, "railhop_failover_completion_seconds_sum", device="nic0")
+    assert completion == pytest.approx(0.030)
+    assert value(m, "railhop_failbacks_total", device="nic0") == 1
+    assert value(m, "railhop_escalations_total", device="nic1", reason="no_backup_pair") == 1
 
 
 def test_nic_state_and_lanes() -> None:
     alive = {10: True, 11: True}
     m = AgentMetrics(nics=["nic0", "nic1"], pid_alive=lambda p: alive.get(p, False))
     m.transition("nic0", "down")
-    assert value(m, "railhop_nic_state", nic="nic0", state="down") == 1
-    assert value(m, "railhop_nic_state", nic="nic0", state="up") == 0
-    assert value(m, "railhop_nic_up", nic="nic0") == 0
-    assert value(m, "railhop_nic_transitions_total", nic="nic0", to="down") == 1
+    assert value(m, "railhop_nic_state", device="nic0", state="down") == 1
+    assert value(m, "railhop_nic_state", device="nic0", state="up") == 0
+    assert value(m, "railhop_nic_up", device="nic0") == 0
+    assert value(m, "railhop_nic_transitions_total", device="nic0", to="down") == 1
 
     def ev(t: EventType, nic: str, conn: int, lane: int) -> LaneEvent:
         return LaneEvent(t, pid=1, nic=nic, conn_id=conn, lane=lane)
@@ -68,16 +69,16 @@ def test_nic_state_and_lanes() -> None:
     for conn in range(3):
         m.lane_event(ev(EventType.LANE_UP, "nic0", conn, 0), 10)
     m.lane_event(ev(EventType.LANE_UP, "nic1", 0, 1), 11)
-    assert value(m, "railhop_lanes", nic="nic0") == 3
+    assert value(m, "railhop_lanes", device="nic0") == 3
     m.lane_event(ev(EventType.LANE_ERROR, "nic0", 0, 0), 10)
     m.lane_event(ev(EventType.LANE_DOWN, "nic0", 1, 0), 10)
     m.lane_event(ev(EventType.LANE_DOWN, "nic0", 7, 7), 10)  # unknown lane: ignored
-    assert value(m, "railhop_lanes", nic="nic0") == 1
+    assert value(m, "railhop_lanes", device="nic0") == 1
     assert value(m, "railhop_lane_events_total", type="lane_up") == 4
     alive[10] = False  # that process exited without LANE_DOWN
     m.prune()
-    assert value(m, "railhop_lanes", nic="nic0") == 0
-    assert value(m, "railhop_lanes", nic="nic1") == 1
+    assert value(m, "railhop_lanes", device="nic0") == 0
+    assert value(m, "railhop_lanes", device="nic1") == 1
 
 
 @dataclass
@@ -103,9 +104,9 @@ def test_scrape_time_samples(tmp_path: Path) -> None:
     m.set_control(
         lambda: ControlCounters(1, 2, 0, 3, 3, 0, 0, 0, events=42, malformed=1, queue_dropped=0)
     )
-    assert value(m, "railhop_nic_bytes_total", nic="nic0", direction="tx") == 200
-    assert value(m, "railhop_nic_bytes_total", nic="nic1", direction="rx") == 7
-    assert value(m, "railhop_nic_bytes_total", nic="gone0", direction="rx") is None
+    assert value(m, "railhop_nic_bytes_total", device="nic0", direction="tx") == 200
+    assert value(m, "railhop_nic_bytes_total", device="nic1", direction="rx") == 7
+    assert value(m, "railhop_nic_bytes_total", device="gone0", direction="rx") is None
     assert value(m, "railhop_lane_bytes_total", lane="2") == 4096
     le = repr(2.0**21 / 1e9)
     assert value(m, "railhop_request_completion_seconds_bucket", lane="2", le=le) == 3
@@ -124,7 +125,7 @@ def test_endpoint_serves_and_stops() -> None:
     port = srv.start()
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    assert 'railhop_nic_state{nic="nic0",state="down"} 1.0' in text
+    assert 'railhop_nic_state{device="nic0",state="down"} 1.0' in text
     busy = MetricsServer(m, port, "127.0.0.1")
     with pytest.raises(MetricsError, match=str(port)):
         busy.start()

@@ -390,7 +390,7 @@ def test_failover_trace_reaches_an_otlp_receiver(
         assert agent.metrics_server is not None and Fake.emit is not None
         port = agent.metrics_server.port
         before = scrape(port)
-        assert before[f'railhop_nic_state{{nic="{FAILED}",state="up"}}'] == 1
+        assert before[f'railhop_nic_state{{device="{FAILED}",state="up"}}'] == 1
 
         # the plugin's lanes exist before the fault
         sender = await asyncio.to_thread(Sender, sender_exe, run_dir)
@@ -420,7 +420,7 @@ def test_failover_trace_reaches_an_otlp_receiver(
         await until(lambda: agent.stats.lane_events >= 8, what="events in")
         await until(
             lambda: (
-                scrape(port).get(f'railhop_failover_completion_seconds_count{{nic="{FAILED}"}}')
+                scrape(port).get(f'railhop_failover_completion_seconds_count{{device="{FAILED}"}}')
                 == 2
             ),
             what="completions",
@@ -457,23 +457,23 @@ def test_failover_trace_reaches_an_otlp_receiver(
 
     # ---- metrics during the failover
     d = r["during"]
-    assert d[f'railhop_nic_state{{nic="{FAILED}",state="down"}}'] == 1
-    assert d[f'railhop_nic_up{{nic="{FAILED}"}}'] == 0
-    assert d[f'railhop_failovers_total{{cause="carrier_down",nic="{FAILED}"}}'] == 1
+    assert d[f'railhop_nic_state{{device="{FAILED}",state="down"}}'] == 1
+    assert d[f'railhop_nic_up{{device="{FAILED}"}}'] == 0
+    assert d[f'railhop_failovers_total{{cause="carrier_down",device="{FAILED}"}}'] == 1
     assert d['railhop_detection_latency_seconds_count{source="netlink"}'] == 1
     assert 0 <= d['railhop_detection_latency_seconds_sum{source="netlink"}'] < 5
-    assert d[f'railhop_lanes{{nic="{BACKUP1}"}}'] == 1
-    assert d[f'railhop_lanes{{nic="{BACKUP2}"}}'] == 1
-    assert d[f'railhop_lanes{{nic="{FAILED}"}}'] == 2  # no LANE_DOWN sent for the dead lanes
+    assert d[f'railhop_lanes{{device="{BACKUP1}"}}'] == 1
+    assert d[f'railhop_lanes{{device="{BACKUP2}"}}'] == 1
+    assert d[f'railhop_lanes{{device="{FAILED}"}}'] == 2  # no LANE_DOWN sent for the dead lanes
     assert d['railhop_lane_events_total{type="failover_start"}'] == 2
-    assert d[f'railhop_failover_completion_seconds_count{{nic="{FAILED}"}}'] == 2
-    assert d[f'railhop_failover_completion_seconds_sum{{nic="{FAILED}"}}'] >= 2 * 0.02
+    assert d[f'railhop_failover_completion_seconds_count{{device="{FAILED}"}}'] == 2
+    assert d[f'railhop_failover_completion_seconds_sum{{device="{FAILED}"}}'] >= 2 * 0.02
     assert d["railhop_control_events_total"] >= 8
     assert d["railhop_trace_spans_total"] == 4  # detection, decision, 2 migrations
     assert d["railhop_trace_errors_total"] == 0
     a = r["after"]
-    assert a[f'railhop_nic_state{{nic="{FAILED}",state="up"}}'] == 1
-    assert a[f'railhop_failbacks_total{{nic="{FAILED}"}}'] == 1
+    assert a[f'railhop_nic_state{{device="{FAILED}",state="up"}}'] == 1
+    assert a[f'railhop_failbacks_total{{device="{FAILED}"}}'] == 1
 
     # ---- the trace, as the receiver decoded it
     spans = [s for s in rx.spans() if s["attributes"].get("network.interface.name") == FAILED]
