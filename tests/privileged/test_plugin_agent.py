@@ -30,6 +30,7 @@ from conftest import require, require_built
 from railhop.control import (
     Backup,
     ControlPlane,
+    Distance,
     EventType,
     LaneEvent,
     NicHealth,
@@ -306,7 +307,11 @@ def policy_run(fab: Fabric, seed: int, settings: NodeSettings) -> tuple[HarnessR
         table = TableWriter(run_dir / TABLE_FILE, heartbeat_ms=0, settings=settings)
         try:
             table.publish(health({}), {})
-            env = {"NCCL_DEBUG": "INFO", "RAILHOP_PROBE_TIMEOUT": "450"}
+            env = {
+                "NCCL_DEBUG": "INFO",
+                "RAILHOP_PROBE_TIMEOUT": "450",
+                "RAILHOP_BACKUP_LANES": "3",
+            }
             with HarnessRun(fab, cfg(6.0, seed=seed), env=env, workdir=work) as run:
                 warm_up(run)
                 t_suspect = time.monotonic() - run.started_at
@@ -319,11 +324,19 @@ def policy_run(fab: Fabric, seed: int, settings: NodeSettings) -> tuple[HarnessR
 
 
 def test_policy_settings_reach_the_plugin(fab: Fabric) -> None:
-    """The node policy's settings in the table configure the plugin: its timeouts replace the
-    defaults unless the job set the variable (RAILHOP_PROBE_TIMEOUT here), and with
-    migrate_on_suspect a SUSPECT NIC is left at once although nothing is wrong with it."""
+    """The node policy's settings in the table configure the plugin: its timeouts, rail rule
+    and distance limit replace the defaults unless the job set the variable
+    (RAILHOP_PROBE_TIMEOUT and RAILHOP_BACKUP_LANES here: the job's value wins, said once),
+    and with migrate_on_suspect a SUSPECT NIC is left at once although nothing is wrong with
+    it."""
     settings = NodeSettings(
-        completion_ms=1500, probe_ms=200, failback_interval_ms=2500, migrate_on_suspect=True
+        completion_ms=1500,
+        probe_ms=200,
+        failback_interval_ms=2500,
+        migrate_on_suspect=True,
+        rail_rule="any",
+        distance_limit=Distance.SYS,
+        backup_lanes=2,
     )
     res, err, t_suspect = policy_run(fab, 61, settings)
     assert_lossless(res)
@@ -332,6 +345,12 @@ def test_policy_settings_reach_the_plugin(fab: Fabric) -> None:
     assert "RAILHOP_PROBE_TIMEOUT=450 (env)" in err
     assert "RAILHOP_PROBE_TIMEOUT=200" not in err  # the job's variable wins
     assert "node policy: migrate_on_suspect on" in err
+    assert "RAILHOP_RAIL_RULE=any (node policy, via the agent)" in err, err[-4000:]
+    assert "RAILHOP_DISTANCE_LIMIT=SYS (node policy, via the agent)" in err
+    # the sender is one process: the job's winning variable is said exactly once, though
+    # the table is read again at every publish
+    wins = "RAILHOP_BACKUP_LANES=3: the job's variable wins over the node policy's 2"
+    assert err.count(wins) == 1, err[-4000:]
     m = re.search(r"\[\s*([0-9.]+)\].*NIC nic1 marked down \(agent\)", err)
     assert m, err[-4000:]
     assert float(m.group(1)) >= t_suspect - 0.5  # moved because of the SUSPECT publish
