@@ -390,15 +390,15 @@ def status_cmd(run_dir: Path | None, check: bool, check_nics_: bool, as_json: bo
     if check_nics_ and not check:
         raise click.UsageError("--nics is a mode of --check: use --check --nics")
     table = (run_dir or default_run_dir()) / "health.tbl"
-    unknown = check and check_nics_
+    nic_mode = check and check_nics_
     if not table.exists():
-        _status_fail(f"no agent table at {table}: is `railhop agent` running?", unknown, as_json)
+        _status_fail(f"no agent table at {table}: is `railhop agent` running?", nic_mode, as_json)
     try:
         snap = read_table(table)
-    except ControlError as e:
-        _status_fail(f"{table}: {e}", unknown, as_json)
+    except (ControlError, OSError) as e:
+        _status_fail(f"{table}: {e}", nic_mode, as_json)
     now = time.monotonic_ns()
-    if unknown:
+    if nic_mode:
         if not agent_alive(snap, now):
             _status_fail(f"agent pid {snap.agent_pid} is not alive ({table})", True, as_json)
         result = check_nics(snap)

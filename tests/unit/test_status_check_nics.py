@@ -182,3 +182,11 @@ def test_chart_renders_the_npd_configmap() -> None:
     assert npd(render()) == []  # off by default
     (cm,) = npd(render("nodeProblemDetector.enabled=true"))
     assert json.loads(cm["data"]["railhop-nic-monitor.json"]) == json.loads(NPD.read_text())
+
+
+def test_unreadable_table_is_unknown(tmp_path: Path) -> None:
+    (tmp_path / "health.tbl").write_bytes(b"not a table")
+    code, out, _ = run("status", "--check", "--nics", "--run-dir", str(tmp_path))
+    assert code == 3 and out.startswith("unknown:") and "truncated" in out
+    code, _, err = run("status", "--run-dir", str(tmp_path))  # without --nics: a finding
+    assert code == 1 and "truncated" in err
