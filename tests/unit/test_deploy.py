@@ -402,8 +402,8 @@ def test_example_job_gets_plugin_and_run_dir() -> None:
     (train,) = pod["containers"]
     env = _env(train)
     assert env["NCCL_NET_PLUGIN"] == "railhop"
-    assert paths.NCCL_PLUGIN_NAME == f"libnccl-net-{env['NCCL_NET_PLUGIN']}.so"
-    assert paths.RCCL_PLUGIN_NAME == f"librccl-net-{env['NCCL_NET_PLUGIN']}.so"
+    assert f"libnccl-net-{env['NCCL_NET_PLUGIN']}.so" == paths.NCCL_PLUGIN_NAME
+    assert f"librccl-net-{env['NCCL_NET_PLUGIN']}.so" == paths.RCCL_PLUGIN_NAME
     # the library directory is what the agent's DaemonSet installs into, on the loader's path
     agent_pod = _pod_spec(_one(_docs(DEPLOY / "kubernetes" / "railhop-agent.yaml"), "DaemonSet"))
     (init,) = agent_pod["initContainers"]

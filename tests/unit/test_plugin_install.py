@@ -95,7 +95,7 @@ def test_a_failed_copy_leaves_the_old_file_and_no_temp_file(
 
 
 def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(PluginInstallError, match="missing.so.*not a readable file"):
+    with pytest.raises(PluginInstallError, match=r"missing\.so.*not a readable file"):
         install(tmp_path / "lib", {paths.NCCL_PLUGIN_NAME: tmp_path / "missing.so"})
     (tmp_path / "file").write_text("x")
     with pytest.raises(PluginInstallError, match="cannot create"):
@@ -116,7 +116,11 @@ def test_cli_installs_the_packages_plugin(tmp_path: Path) -> None:
     assert again.returncode == 0 and again.stdout.count("unchanged: ") == 2
     (tmp_path / "file").write_text("x")
     bad = subprocess.run(
-        [*run[:-1], str(tmp_path / "file" / "lib")], capture_output=True, text=True, timeout=60, check=False
+        [*run[:-1], str(tmp_path / "file" / "lib")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert bad.returncode == 2 and "Error: cannot create" in bad.stderr, bad
     assert os.access(dest / paths.NCCL_PLUGIN_NAME, os.R_OK)

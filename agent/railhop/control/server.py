@@ -148,7 +148,6 @@ def _getsockopt_raw(fd: int, level: int, name: int, size: int) -> tuple[int, byt
     return 0, buf.raw[: length.value]
 
 
-
 def peer_groups(sock: socket.socket) -> frozenset[int]:
     """The peer's supplementary groups (SO_PEERGROUPS), however many; empty where the kernel
     lacks the option. The kernel answers ERANGE with the size it needs when the buffer is too
