@@ -79,12 +79,12 @@ mkdir -p "$root"
 tar -C "$root" -xf "$base"
 mkdir -p "$root/tmp/wheels"
 cp "$wheels"/*.whl "$root/tmp/wheels/"
-chroot "$root" /usr/bin/python3 -m venv --system-site-packages /opt/railhop/.venv
-chroot "$root" /opt/railhop/.venv/bin/pip install -q --no-index --no-cache-dir \
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot "$root" /usr/bin/python3 -m venv --system-site-packages /opt/railhop/.venv
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot "$root" /opt/railhop/.venv/bin/pip install -q --no-index --no-cache-dir \
 	--disable-pip-version-check --find-links /tmp/wheels railhop=="$VERSION"
 rm -rf "$root/tmp/wheels" "$root/root/.cache"
 mkdir -p "$root/etc/railhop/policies"
-cp policies/*.yaml policies/*.json "$root/etc/railhop/policies/" 2>/dev/null || cp policies/* "$root/etc/railhop/policies/"
+cp policies/*.yaml policies/*.json "$root/etc/railhop/policies/"
 # fail here, not in a cluster, if a piece is missing
 chroot "$root" /opt/railhop/.venv/bin/railhop plugin-path
 chroot "$root" /opt/railhop/.venv/bin/railhop plugin-path --rccl

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from test_helm import CHART, _run
 
 from conftest import require
-from test_helm import CHART, _run
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = CHART / "files" / "alerts.yaml"
