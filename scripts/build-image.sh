@@ -70,7 +70,7 @@ wheels=$OUT/wheels
 rm -rf "$wheels"
 mkdir -p "$wheels"
 echo "build-image: building the railhop wheel and collecting its dependencies"
-"$PY" -m pip wheel -q --wheel-dir "$wheels" . 2>&1 | grep -v "^WARNING: Location" || true
+"$PY" -m pip wheel -q --wheel-dir "$wheels" .
 ls "$wheels"/railhop-"$VERSION"-*.whl >/dev/null
 
 root=$OUT/rootfs

@@ -387,3 +387,18 @@ def _cli_commands() -> list[Any]:
     from railhop.cli import cli
 
     return list(cli.commands.values())
+
+
+def test_the_chart_points_at_the_image_make_image_builds() -> None:
+    """scripts/build-image.sh tags localhost/railhop:<pyproject version>; the chart's default
+    image is that reference (appVersion = the package's version)."""
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+    script = (REPO / "scripts" / "build-image.sh").read_text()
+    assert 'IMAGE=${RAILHOP_IMAGE:-localhost/railhop:$VERSION}' in script
+    pod = _pod(render())
+    assert pod["containers"][0]["image"] == f"localhost/railhop:{version}"
+    assert pod["initContainers"][0]["image"] == f"localhost/railhop:{version}"
