@@ -398,7 +398,7 @@ def test_the_chart_points_at_the_image_make_image_builds() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == version
     script = (REPO / "scripts" / "build-image.sh").read_text()
-    assert 'IMAGE=${RAILHOP_IMAGE:-localhost/railhop:$VERSION}' in script
+    assert "IMAGE=${RAILHOP_IMAGE:-localhost/railhop:$VERSION}" in script
     pod = _pod(render())
     assert pod["containers"][0]["image"] == f"localhost/railhop:{version}"
     assert pod["initContainers"][0]["image"] == f"localhost/railhop:{version}"
