@@ -4,7 +4,7 @@ BIN       := $(VENV)/bin
 CBUILD    ?= build/ctest
 C_SOURCES  = $(shell find plugin bpf -name '*.[ch]' -not -path '*/build/*')
 
-.PHONY: setup test demo lint format-check typecheck ctest ctest-san ctest-tsan pytest clean
+.PHONY: setup test demo image lint format-check typecheck ctest ctest-san ctest-tsan pytest clean
 
 setup:
 	@scripts/setup.sh
@@ -13,6 +13,11 @@ test: setup lint format-check typecheck ctest pytest
 
 demo: setup
 	$(BIN)/railhop demo
+
+# the railhop image from Debian packages (scripts/build-image.sh): localhost/railhop:<version>;
+# its test: `.venv/bin/python -m pytest -m image tests/image` (run by .ci/run)
+image: setup
+	scripts/build-image.sh
 
 lint: setup
 	$(BIN)/ruff check agent lab tests bench

@@ -12,6 +12,10 @@ APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
 	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
 	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
 	systemd)
+# the chart's alert rules (promtool, from Debian's prometheus package: tests/unit/test_alerts.py)
+# and the image (`make image`: scripts/build-image.sh builds a Debian rootfs with mmdebstrap and
+# imports it with podman; runc runs it in tests/image, where crun refuses hybrid cgroup hosts)
+APT_PKGS+=(prometheus mmdebstrap podman runc)
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "setup: must run as root (apt packages, kernel headers, netns tests)" >&2

@@ -63,6 +63,26 @@ def plugin_path_cmd(rccl: bool) -> None:
         raise click.ClickException(str(e)) from e
 
 
+@cli.command("plugin-install")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/opt/railhop/lib"),
+    show_default=True,
+    help="Directory the jobs load the plugin from (the DaemonSet's hostPath).",
+)
+def plugin_install_cmd(dest: Path) -> None:
+    """Install both plugin names into DEST, each file replaced atomically."""
+    from railhop import plugin_install
+
+    try:
+        steps = plugin_install.install(dest)
+    except plugin_install.PluginInstallError as e:
+        raise DomainError(str(e)) from e
+    for line in plugin_install.describe(steps):
+        click.echo(line)
+
+
 # --------------------------------------------------------------------------------------------
 # shared options and helpers
 

@@ -393,29 +393,38 @@ def test_cli_has_the_options_the_deployment_uses() -> None:
 
 
 def test_example_job_gets_plugin_and_run_dir() -> None:
+    """Issue 30, 2: the job loads the plugin the DaemonSet installed on the node by the name
+    form (NCCL >= 2.20), runs as a non-root uid in the agent's socket group, and mounts the
+    library and run directories read-only; nothing copied, no absolute plugin path."""
     job = _one(_docs(JOB_YAML), "Job")
     pod = _pod_spec(job)
-    assert pod["hostNetwork"] is True
-    (init,) = pod["initContainers"]
-    assert "railhop plugin-path" in " ".join(init["args"])
+    assert "initContainers" not in pod
     (train,) = pod["containers"]
     env = _env(train)
-    plugin = Path(env["NCCL_NET_PLUGIN"])
-    assert plugin.is_absolute() and plugin.name == paths.NCCL_PLUGIN_NAME
-    # the plugin volume is written by the init container and read by the training container
-    m_train = _mount(train, str(plugin.parent))
-    m_init = _mount(init, str(plugin.parent))
-    assert m_train["name"] == m_init["name"] and m_train.get("readOnly") is True
-    assert "emptyDir" in _volume(pod, m_train["name"])
+    assert env["NCCL_NET_PLUGIN"] == "railhop"
+    assert f"libnccl-net-{env['NCCL_NET_PLUGIN']}.so" == paths.NCCL_PLUGIN_NAME
+    assert f"librccl-net-{env['NCCL_NET_PLUGIN']}.so" == paths.RCCL_PLUGIN_NAME
+    # the library directory is what the agent's DaemonSet installs into, on the loader's path
+    agent_pod = _pod_spec(_one(_docs(DEPLOY / "kubernetes" / "railhop-agent.yaml"), "DaemonSet"))
+    (init,) = agent_pod["initContainers"]
+    dest = init["command"][init["command"].index("--dest") + 1]
+    assert init["command"][:2] == ["railhop", "plugin-install"]
+    assert _volume(agent_pod, _mount(init, dest)["name"])["hostPath"]["path"] == dest
+    lib = _volume(pod, _mount(train, dest)["name"])
+    assert lib["hostPath"] == {"path": dest, "type": "Directory"}
+    assert _mount(train, dest).get("readOnly") is True
+    assert f"LD_LIBRARY_PATH={dest}" in " ".join(train["args"])
     # NCCL_NET names the plugin's net: the name the C tables export
     api = (REPO / "plugin" / "src" / "api_nccl.c").read_text(encoding="utf-8")
     assert set(re.findall(r'\.name\s*=\s*"([^"]+)"', api)) == {env["NCCL_NET"]}
-    assert env["RAILHOP_RUN_DIR"] == RUN_DIR
     run = _volume(pod, _mount(train, RUN_DIR)["name"])
     assert run["hostPath"]["path"] == RUN_DIR
     # issue 19, 1: the job cannot truncate or replace the agent's files
     assert _mount(train, RUN_DIR).get("readOnly") is True
     assert run["hostPath"]["type"] == "Directory"
+    # a non-root uid that reaches the socket through the supplementary group
+    sc = pod["securityContext"]
+    assert sc["runAsUser"] != 0 and sc["supplementalGroups"]
 
 
 # --------------------------------------------------------------------------------------------

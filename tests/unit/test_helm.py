@@ -132,7 +132,7 @@ def test_the_chart_runs_the_agent_as_the_plain_manifest_does() -> None:
     sa = _kind(docs, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert pod["automountServiceAccountToken"] is False
-    assert c["image"] == "ghcr.io/your-org/railhop:0.1.0"
+    assert c["image"] == "localhost/railhop:0.1.0"
     args = c["args"]
     assert args[args.index("--metrics-addr") + 1] == "$(POD_IP)"
     env = {e["name"]: e for e in c["env"]}
@@ -141,7 +141,7 @@ def test_the_chart_runs_the_agent_as_the_plain_manifest_does() -> None:
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"]["value"] == "http/protobuf"
     assert env["OTEL_TRACES_SAMPLER"]["value"] == "parentbased_always_on"
     svc = _kind(docs, "Service")
-    assert svc["spec"]["ports"][0]["port"] == c["ports"][0]["containerPort"] == 9464
+    assert svc["spec"]["ports"][0]["port"] == c["ports"][0]["containerPort"] == 18464
     assert (
         svc["spec"]["selector"].items()
         <= _kind(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"].items()
@@ -232,3 +232,173 @@ def test_plain_manifests_pass_the_kubernetes_schemas(name: str) -> None:
     assert docs
     for d in docs:
         _validate(d)
+
+
+# --- issue 30: schema, overridable pod settings, policies per node pool, plugin install ------
+
+
+def test_values_schema_rejects_bad_values() -> None:
+    assert (CHART / "values.schema.json").is_file()
+    r = _run("lint", "--strict", str(CHART))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for bad in (
+        "metrics.port=abc",
+        "metrics.port=70000",
+        "image.pullPolicy=Sometimes",
+        "agent.runDir=relative/dir",
+        "agent.heartbeatMs=5",
+        "serviceMonitor.interval=soon",
+        "noSuchValue=1",
+        "pluginInstall.hostPath=opt",
+    ):
+        r = _run("template", "rh", str(CHART), "--set", bad)
+        assert r.returncode != 0, bad
+        assert "schema" in r.stderr, (bad, r.stderr)
+        r = _run("lint", "--strict", str(CHART), "--set", bad)
+        assert r.returncode != 0, bad
+
+
+def test_pod_settings_are_overridable() -> None:
+    docs = render(
+        "extraEnv[0].name=FOO",
+        "extraEnv[0].value=bar",
+        "extraVolumes[0].name=extra",
+        "extraVolumes[0].emptyDir.medium=Memory",
+        "extraVolumeMounts[0].name=extra",
+        "extraVolumeMounts[0].mountPath=/extra",
+        "podAnnotations.example\\.com/team=ml",
+        "tolerations[0].operator=Exists",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    )
+    ds = _kind(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "FOO", "value": "bar"} in c["env"]
+    assert {"name": "extra", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "extra", "mountPath": "/extra"} in c["volumeMounts"]
+    assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}
+    ]
+    for d in docs:
+        if d["kind"] != "ServiceMonitor":
+            _validate(d)
+
+
+def _pools(tmp_path: Path) -> list[Obj]:
+    values = tmp_path / "pools.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "policyPools": [
+                    {
+                        "name": "h100",
+                        "nodeLabel": {"key": "example.com/pool", "values": ["h100", "h100b"]},
+                        "policy": (REPO / "policies" / "permissive.yaml").read_text(),
+                    },
+                    {
+                        "name": "mi300",
+                        "nodeLabel": {"key": "example.com/pool", "values": ["mi300"]},
+                        "policy": (REPO / "policies" / "multi-plane.yaml").read_text(),
+                    },
+                ]
+            }
+        )
+    )
+    r = _run("template", "rh", str(CHART), "--namespace", "railhop", "-f", str(values))
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def test_policies_map_to_node_pools_by_label(tmp_path: Path) -> None:
+    """One DaemonSet and one policy ConfigMap per pool, on the GPU nodes with the pool's label;
+    the default DaemonSet keeps the GPU nodes no pool claims. Every term of a pool's affinity
+    carries the pool's label (terms are ORed); every term of the default's excludes each pool."""
+    docs = _pools(tmp_path)
+    dss = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
+    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    assert set(dss) == {"rh-railhop", "rh-railhop-h100", "rh-railhop-mi300"}
+    assert set(cms) == {"rh-railhop-policy", "rh-railhop-h100-policy", "rh-railhop-mi300-policy"}
+    for name, policy_file in (("h100", "permissive.yaml"), ("mi300", "multi-plane.yaml")):
+        ds = dss[f"rh-railhop-{name}"]
+        pod = ds["spec"]["template"]["spec"]
+        (vol,) = [v for v in pod["volumes"] if v["name"] == "policy"]
+        cm = cms[vol["configMap"]["name"]]
+        shipped = REPO / "policies" / policy_file
+        assert parse_policy(cm["data"]["policy.yaml"], str(shipped)) == load_policy(shipped)
+        sel = ds["spec"]["selector"]["matchLabels"]
+        assert sel["railhop.io/pool"] == name
+        assert sel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        for t in terms["nodeSelectorTerms"]:
+            assert {
+                "key": "example.com/pool",
+                "operator": "In",
+                "values": ["h100", "h100b"] if name == "h100" else ["mi300"],
+            } in t["matchExpressions"]
+    default = dss["rh-railhop"]["spec"]["template"]["spec"]
+    terms = default["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert len(terms["nodeSelectorTerms"]) == 2  # NVIDIA, AMD
+    for t in terms["nodeSelectorTerms"]:
+        ex = t["matchExpressions"]
+        assert {"key": "example.com/pool", "operator": "NotIn", "values": ["h100", "h100b"]} in ex
+        assert {"key": "example.com/pool", "operator": "NotIn", "values": ["mi300"]} in ex
+    # the default DaemonSet's selector is unchanged (selectors are immutable on upgrade)
+    assert "railhop.io/pool" not in dss["rh-railhop"]["spec"]["selector"]["matchLabels"]
+    for d in docs:
+        if d["kind"] != "ServiceMonitor":
+            _validate(d)
+
+
+def test_overlapping_pools_fail_to_render(tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    pool = {"nodeLabel": {"key": "k", "values": ["a"]}, "policy": "x"}
+    values.write_text(
+        yaml.safe_dump({"policyPools": [{"name": "one", **pool}, {"name": "two", **pool}]})
+    )
+    r = _run("template", "rh", str(CHART), "-f", str(values))
+    assert r.returncode != 0 and "one and two both claim nodes labelled k=a" in r.stderr
+
+
+def test_the_daemonset_installs_the_plugin_on_the_host() -> None:
+    pod = _pod(render())
+    (init,) = pod["initContainers"]
+    (c,) = pod["containers"]
+    assert init["image"] == c["image"]
+    assert init["command"] == ["railhop", "plugin-install", "--dest", "/opt/railhop/lib"]
+    (m,) = init["volumeMounts"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == m["name"]]
+    assert vol["hostPath"] == {"path": "/opt/railhop/lib", "type": "DirectoryOrCreate"}
+    assert m["mountPath"] == "/opt/railhop/lib"
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "plugin-install" in {c.name for c in _cli_commands()}
+    pod = _pod(render("pluginInstall.hostPath=/var/lib/railhop"))
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "plugin-lib"]
+    assert vol["hostPath"]["path"] == "/var/lib/railhop"
+    assert "initContainers" not in _pod(render("pluginInstall.enabled=false"))
+
+
+def _cli_commands() -> list[Any]:
+    from railhop.cli import cli
+
+    return list(cli.commands.values())
+
+
+def test_the_chart_points_at_the_image_make_image_builds() -> None:
+    """scripts/build-image.sh tags localhost/railhop:<pyproject version>; the chart's default
+    image is that reference (appVersion = the package's version)."""
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+    script = (REPO / "scripts" / "build-image.sh").read_text()
+    assert "IMAGE=${RAILHOP_IMAGE:-localhost/railhop:$VERSION}" in script
+    pod = _pod(render())
+    assert pod["containers"][0]["image"] == f"localhost/railhop:{version}"
+    assert pod["initContainers"][0]["image"] == f"localhost/railhop:{version}"

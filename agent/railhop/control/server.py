@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
+import errno
 import os
 import socket
 import stat
@@ -131,13 +133,44 @@ def group_of(cred: PeerCred, proc_root: Path = Path("/proc")) -> Group:
     return (0, text.strip()[:4096])
 
 
+_NGROUPS_MAX = 65536  # Linux's limit on supplementary groups
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.getsockopt.argtypes = [
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint32),
+]
+_libc.getsockopt.restype = ctypes.c_int
+
+
+def _getsockopt_raw(fd: int, level: int, name: int, size: int) -> tuple[int, bytes, int]:
+    """libc getsockopt with a buffer of ``size`` bytes: (errno or 0, the bytes returned, the
+    length the kernel reported). Python's socket.getsockopt refuses buffers over 1024 bytes
+    (256 groups)."""
+    buf = ctypes.create_string_buffer(size)
+    length = ctypes.c_uint32(size)
+    rc = _libc.getsockopt(fd, level, name, buf, ctypes.byref(length))
+    if rc != 0:
+        return ctypes.get_errno(), b"", length.value
+    return 0, buf.raw[: length.value], length.value
+
+
 def peer_groups(sock: socket.socket) -> frozenset[int]:
-    """The peer's supplementary groups (SO_PEERGROUPS); empty where the kernel lacks it."""
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 1024)
-    except OSError:
-        return frozenset()
-    return frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    """The peer's supplementary groups (SO_PEERGROUPS), however many; empty where the kernel
+    lacks the option. When the buffer is too small the kernel answers ERANGE with the length
+    it needs: asked once more with that length (the peer's groups are fixed at connect)."""
+    size = 64 * 4
+    for _ in range(2):
+        err, raw, needed = _getsockopt_raw(sock.fileno(), socket.SOL_SOCKET, SO_PEERGROUPS, size)
+        if err == errno.ERANGE and size < needed <= _NGROUPS_MAX * 4:
+            size = needed
+            continue
+        if err:
+            return frozenset()
+        return frozenset(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    return frozenset()
 
 
 def peer_cred(sock: socket.socket) -> PeerCred:

@@ -27,3 +27,50 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- /*
+The agent pod's affinity: the user's .Values.affinity wins when set; otherwise GPU nodes
+(gpuNodeLabels, one ORed term per vendor), each term ANDed with the pool's label (a pool's
+DaemonSet) or with "not in any pool" (the default DaemonSet). Called with dict root, pool.
+*/ -}}
+{{- define "railhop.affinity" -}}
+{{- $pool := .pool -}}
+{{- with .root -}}
+{{- if .Values.affinity }}
+affinity:
+  {{- toYaml .Values.affinity | nindent 2 }}
+{{- else }}
+{{- $extra := list -}}
+{{- if $pool }}
+{{- $extra = list (dict "key" $pool.nodeLabel.key "operator" "In" "values" $pool.nodeLabel.values) -}}
+{{- else }}
+{{- range .Values.policyPools }}
+{{- $extra = append $extra (dict "key" .nodeLabel.key "operator" "NotIn" "values" .nodeLabel.values) -}}
+{{- end }}
+{{- end }}
+{{- if or .Values.gpuNodeLabels $extra }}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      # one term per GPU vendor: terms are ORed; the pool's expressions are ANDed into each
+      nodeSelectorTerms:
+        {{- if .Values.gpuNodeLabels }}
+        {{- range .Values.gpuNodeLabels }}
+        - matchExpressions:
+            - key: {{ .key }}
+              operator: In
+              values: {{ toJson .values }}
+            {{- range $extra }}
+            - {{ toJson . }}
+            {{- end }}
+        {{- end }}
+        {{- else }}
+        - matchExpressions:
+            {{- range $extra }}
+            - {{ toJson . }}
+            {{- end }}
+        {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

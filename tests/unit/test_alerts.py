@@ -1,0 +1,157 @@
+"""The chart's alert rules and dashboard (issue 30, item 5): `promtool check rules` and
+`promtool test rules` (Debian's prometheus package) on files/alerts.yaml and on the rule the
+chart renders, each alert tested firing and not firing (deploy/helm/railhop/tests/
+alerts_test.yaml); every metric the rules and the dashboard name is one the agent exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_helm import CHART, _run
+
+from conftest import require
+
+REPO = Path(__file__).resolve().parents[2]
+ALERTS = CHART / "files" / "alerts.yaml"
+ALERT_TESTS = CHART / "tests" / "alerts_test.yaml"
+DASHBOARD = CHART / "dashboards" / "railhop.json"
+METRICS_PY = REPO / "agent" / "railhop" / "metrics.py"
+
+
+def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("promtool")
+    require(tool is not None, "no promtool: `make setup` installs Debian's prometheus package")
+    assert tool is not None
+    return subprocess.run(
+        [tool, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+    )
+
+
+def _rendered_rule(*sets: str) -> dict[str, Any]:
+    args = ["template", "rh", str(CHART), "--set", "prometheusRule.enabled=true"]
+    for s in sets:
+        args += ["--set", s]
+    r = _run(*args)
+    assert r.returncode == 0, r.stderr
+    (rule,) = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "PrometheusRule"]
+    assert isinstance(rule, dict)
+    return rule
+
+
+def test_promtool_checks_the_rules() -> None:
+    r = _promtool("check", "rules", str(ALERTS))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 5 rules found" in r.stdout
+    alerts = {x["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for x in g["rules"]}
+    assert alerts == {
+        "RailhopNICDown",
+        "RailhopFailoversFrequent",
+        "RailhopEscalation",
+        "RailhopAgentDown",
+        "RailhopAgentAbsent",
+    }
+
+
+def test_each_alert_fires_and_stays_quiet_as_tested() -> None:
+    tests = yaml.safe_load(ALERT_TESTS.read_text())
+    cases = [c for t in tests["tests"] for c in t["alert_rule_test"]]
+    alerts = {x["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for x in g["rules"]}
+    for name in alerts:  # every alert has a firing case and a quiet case
+        assert any(c["alertname"] == name and c["exp_alerts"] for c in cases), name
+        assert any(c["alertname"] == name and not c["exp_alerts"] for c in cases), name
+    r = _promtool("test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_test_catches_a_wrong_expectation(tmp_path: Path) -> None:
+    tests = yaml.safe_load(ALERT_TESTS.read_text())
+    tests["rule_files"] = [str(ALERTS)]
+    case = tests["tests"][0]["alert_rule_test"][0]  # NIC down at 3m: pending, not firing
+    case["eval_time"] = "5m"
+    bad = tmp_path / "bad_test.yaml"
+    bad.write_text(yaml.safe_dump(tests))
+    r = _promtool("test", "rules", str(bad))
+    assert r.returncode != 0 and "RailhopNICDown" in r.stdout + r.stderr
+
+
+def test_the_chart_renders_the_same_rules_and_they_pass(tmp_path: Path) -> None:
+    rule = _rendered_rule("prometheusRule.labels.release=kps")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump(rule["spec"]))
+    tests = yaml.safe_load(ALERT_TESTS.read_text())
+    tests["rule_files"] = [str(rendered)]
+    t = tmp_path / "rendered_test.yaml"
+    t.write_text(yaml.safe_dump(tests))
+    assert _promtool("check", "rules", str(rendered)).returncode == 0
+    r = _promtool("test", "rules", str(t))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run("template", "rh", str(CHART))
+    assert "PrometheusRule" not in r.stdout  # off by default (needs the operator's CRDs)
+
+
+def test_dashboard_configmap(tmp_path: Path) -> None:
+    r = _run("template", "rh", str(CHART), "--set", "grafanaDashboard.enabled=true")
+    assert r.returncode == 0, r.stderr
+    (cm,) = [
+        d
+        for d in yaml.safe_load_all(r.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["railhop.json"])
+    assert dash == json.loads(DASHBOARD.read_text())
+    assert dash["uid"] and dash["panels"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    r = _run("template", "rh", str(CHART))
+    assert "-dashboard" not in r.stdout
+
+
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_info", "_created")
+_METRIC = re.compile(r"\b(railhop_[a-z0-9_]+)")
+
+
+def exported(name: str, source: str) -> bool:
+    """Whether metrics.py exports ``name`` (an exposition name: counters end in _total,
+    histograms in _bucket/_sum/_count, Info in _info; the control plane's names are built as
+    f"railhop_control_{name}")."""
+    for base in {name} | {name.removesuffix(s) for s in _SUFFIXES if name.endswith(s)}:
+        if f'"{base}"' in source:
+            return True
+        if (
+            base.startswith("railhop_control_")
+            and f'("{base.removeprefix("railhop_control_")}"' in source
+        ):
+            return True
+    return False
+
+
+def _named_metrics() -> set[str]:
+    exprs = [x["expr"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for x in g["rules"]]
+    dash = json.loads(DASHBOARD.read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [dash["templating"]["list"][1]["definition"]]
+    return {m for e in exprs for m in _METRIC.findall(e)}
+
+
+def test_every_metric_the_rules_and_dashboard_name_exists() -> None:
+    source = METRICS_PY.read_text()
+    names = _named_metrics()
+    assert len(names) >= 12
+    missing = sorted(n for n in names if not exported(n, source))
+    assert not missing, f"not exported by agent/railhop/metrics.py: {missing}"
+
+
+@pytest.mark.parametrize("name", ["railhop_nic_upp", "railhop_failover_total", "railhop_x_info"])
+def test_the_metric_check_catches_a_wrong_name(name: str) -> None:
+    assert not exported(name, METRICS_PY.read_text())
