@@ -16,7 +16,10 @@ import pytest
 from conftest import require
 from railhop.sources import hooks as H
 from railhop.sources.base import Reason
-from railhop.sources.ebpf import CarrierSource, EbpfSource, RdmaDriverSource, TcpLaneSource
+from railhop.sources.ebpf.carrier import CarrierSource
+from railhop.sources.ebpf.rdma import RdmaDriverSource
+from railhop.sources.ebpf.source import EbpfSource
+from railhop.sources.ebpf.tcp import TcpLaneSource
 
 pytestmark = pytest.mark.privileged
 
@@ -146,7 +149,7 @@ def test_rdma_probe_compiles_though_nothing_attaches_here() -> None:
 
     from railhop import paths
     from railhop.sources.compose import compose
-    from railhop.sources.ebpf import RDMA_DRV
+    from railhop.sources.ebpf.rdma import RDMA_DRV
 
     d = paths.bpf_dir()
     text = compose(d, RDMA_DRV.file, RDMA_DRV.preludes)

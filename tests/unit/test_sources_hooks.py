@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from railhop.sources import ebpf, kernel
 from railhop.sources import hooks as H
+from railhop.sources import kernel
 from railhop.sources.base import Reason, Status
 from railhop.sources.btf import Btf
+from railhop.sources.ebpf import loader
+from railhop.sources.ebpf.carrier import CARRIER
+from railhop.sources.ebpf.rdma import RDMA_DRV
+from railhop.sources.ebpf.tcp import TCP_LANE, TcpLaneSource
 
 EMPTY_BTF = Btf([], {})
 
@@ -124,7 +128,7 @@ def test_classify(mech: str, err: str, reason: Reason) -> None:
 
 
 def test_specs_are_well_formed() -> None:
-    for s in (ebpf.CARRIER, ebpf.TCP_LANE, ebpf.RDMA_DRV):
+    for s in (CARRIER, TCP_LANE, RDMA_DRV):
         order = {"fentry": 0, "raw_tp": 1, "tp": 2}
         for h in s.hooks:
             ranks = [order[v.mechanism] for v in h.variants]
@@ -147,9 +151,9 @@ def test_cap_eff_and_precheck_without_privilege(tmp_path: Path) -> None:
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/self/status").write_text("Name:\tx\nCapEff:\t0000000000000000\n")
     assert kernel.cap_eff(str(tmp_path)) == 0
-    pre = ebpf.precheck(str(tmp_path), refresh=True)
+    pre = loader.precheck(str(tmp_path), refresh=True)
     assert (pre.reason, pre.env) == (Reason.NO_PRIVILEGE, None)
-    src = ebpf.TcpLaneSource(root=str(tmp_path))
+    src = TcpLaneSource(root=str(tmp_path))
     caps = src.start_sync(lambda _e: None)
     assert [(c.hook, c.reason) for c in caps] == [
         ("retransmit", Reason.NO_PRIVILEGE),

@@ -1,0 +1,86 @@
+"""The RDMA driver source: IB async events, devlink health reports, rdma_cma events and mlx5
+commands from ``bpf/rdma_drv.bpf.c``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from railhop.sources import hooks as H
+from railhop.sources.ebpf.source import RINGBUF, EbpfSource
+
+RDMA_DRV = H.ProbeSpec(
+    source="ebpf.rdma",
+    file="rdma_drv.bpf.c",
+    preludes=RINGBUF,
+    hooks=(
+        H.Hook(
+            "ib_event",
+            (
+                H.Variant(
+                    "fentry",
+                    "ib_dispatch_event",
+                    "RH_IB_EVENT_FENTRY",
+                    (
+                        H.funcs("ib_dispatch_event"),
+                        H.offsets(
+                            RH_OFF_IBEV_DEVICE=("ib_event", "device"),
+                            # port_num is a member of the union ib_event.element (with the
+                            # cq/qp/srq/wq pointers), so the union's offset is the port's: a
+                            # GPU host's BTF (6.18) has no ib_event.port_num at top level
+                            RH_OFF_IBEV_PORT=("ib_event", "element"),
+                            RH_OFF_IBEV_EVENT=("ib_event", "event"),
+                            RH_OFF_IBDEV_NAME=("ib_device", "name"),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        H.Hook(
+            "devlink_health",
+            (
+                H.Variant(
+                    "tp",
+                    "devlink:devlink_health_report",
+                    "RH_DEVLINK_TP",
+                    (H.tp("devlink", "devlink_health_report"),),
+                ),
+            ),
+        ),
+        H.Hook(
+            "cm_event",
+            (
+                H.Variant(
+                    "tp",
+                    "rdma_cma:cm_event_handler",
+                    "RH_CM_EVENT_TP",
+                    (H.tp("rdma_cma", "cm_event_handler"),),
+                ),
+            ),
+        ),
+        H.Hook(
+            "cm_remove",
+            (
+                H.Variant(
+                    "tp",
+                    "rdma_cma:cm_remove_one",
+                    "RH_CM_REMOVE_TP",
+                    (H.tp("rdma_cma", "cm_remove_one"),),
+                ),
+            ),
+        ),
+        H.Hook(
+            "mlx5_cmd",
+            (H.Variant("tp", "mlx5:mlx5_cmd", "RH_MLX5_CMD_TP", (H.tp("mlx5", "mlx5_cmd"),)),),
+        ),
+    ),
+)
+
+
+class RdmaDriverSource(EbpfSource):
+    """RDMA driver trouble: IB async events, devlink health reports, rdma_cma events, mlx5
+    commands (whichever hooks this kernel has)."""
+
+    def __init__(
+        self, bpf_dir: Path | None = None, root: str = "/", allow: frozenset[str] | None = None
+    ) -> None:
+        super().__init__(RDMA_DRV, bpf_dir, root, allow)
