@@ -11,7 +11,7 @@ records and the final cflags.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
 from railhop.sources.btf import Btf, BTFError
@@ -316,3 +316,30 @@ def all_skipped(spec: ProbeSpec, reason: Reason, detail: str) -> list[Capability
 
 def hook_names(spec: ProbeSpec) -> Sequence[str]:
     return [h.name for h in spec.hooks]
+
+
+def awaiting(caps: Sequence[Capability]) -> frozenset[str]:
+    """Hooks skipped because their tracepoint was absent: a module loaded later (``rdma_cm``)
+    adds the tracepoint. A hook skipped for any other reason, or whose late load failed, is
+    not waited for."""
+    return frozenset(c.hook for c in caps if not c.attached and c.reason is Reason.NO_TRACEPOINT)
+
+
+def late_spec(
+    spec: ProbeSpec, caps: Sequence[Capability], env: KernelEnv, allow: frozenset[str] | None
+) -> ProbeSpec | None:
+    """The hooks of ``spec`` that were skipped for a missing tracepoint (:func:`awaiting`) and
+    have a candidate on the kernel now, as a spec of their own; None when none has."""
+    wanted = awaiting(caps)
+    sub = replace(spec, hooks=tuple(h for h in spec.hooks if h.name in wanted))
+    if not sub.hooks:
+        return None
+    p = plan(sub, env, allow)
+    ready = tuple(h for h, hc in zip(sub.hooks, p.candidates, strict=True) if hc)
+    return replace(spec, hooks=ready) if ready else None
+
+
+def merge_caps(caps: Sequence[Capability], late: Sequence[Capability]) -> list[Capability]:
+    """``caps`` with each hook's record replaced by its record in ``late``, order kept."""
+    by_hook = {c.hook: c for c in late}
+    return [by_hook.get(c.hook, c) for c in caps]

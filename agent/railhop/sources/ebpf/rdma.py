@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from railhop.sources import hooks as H
+from railhop.sources.base import Capability, Emit
+from railhop.sources.bpfstats import ProgStats
+from railhop.sources.ebpf.late import LateHooks
 from railhop.sources.ebpf.source import RINGBUF, EbpfSource
 
 RDMA_DRV = H.ProbeSpec(
@@ -78,9 +81,33 @@ RDMA_DRV = H.ProbeSpec(
 
 class RdmaDriverSource(EbpfSource):
     """RDMA driver trouble: IB async events, devlink health reports, rdma_cma events, mlx5
-    commands (whichever hooks this kernel has)."""
+    commands (whichever hooks this kernel has). The ``rdma_cma`` tracepoints appear only once
+    the ``rdma_cm`` module is loaded: hooks skipped for a missing tracepoint are loaded when it
+    appears (:mod:`railhop.sources.ebpf.late`)."""
 
     def __init__(
-        self, bpf_dir: Path | None = None, root: str = "/", allow: frozenset[str] | None = None
+        self,
+        bpf_dir: Path | None = None,
+        root: str = "/",
+        allow: frozenset[str] | None = None,
     ) -> None:
         super().__init__(RDMA_DRV, bpf_dir, root, allow)
+        self.late = LateHooks(self, self._late_source)
+
+    def _late_source(self, spec: H.ProbeSpec) -> EbpfSource:
+        return EbpfSource(spec, self._bpf_dir, self.root, self.allow)
+
+    def start_sync(self, emit: Emit) -> list[Capability]:
+        caps = super().start_sync(emit)
+        self.late.start(emit, self._loop)
+        return caps
+
+    def drops(self) -> int:
+        return super().drops() + self.late.drops()
+
+    def prog_stats(self) -> dict[str, ProgStats]:
+        return {**super().prog_stats(), **self.late.prog_stats()}
+
+    def stop_sync(self, timeout_s: float = 2.0) -> None:
+        self.late.stop(timeout_s)
+        super().stop_sync(timeout_s)

@@ -62,6 +62,10 @@ class EbpfSource:
     def name(self) -> str:
         return self.spec.source
 
+    @property
+    def root(self) -> str:
+        return self._root
+
     def _src(self) -> Path:
         return self._bpf_dir / self.spec.file
 
