@@ -1,7 +1,7 @@
 """Hook chains: which implementations of a hook exist, what each needs, and which one to use.
 
 A probe file (``bpf/<probe>.bpf.c``) has one or more hooks; each hook has variants in the order
-fentry -> raw tracepoint -> tracepoint, each switched on by a ``-D`` define. A variant's
+fentry -> kprobe -> raw tracepoint -> tracepoint, each switched on by a ``-D`` define. A variant's
 requirements turn kernel facts (:class:`KernelEnv`) into extra ``-D`` flags (BTF offsets) or
 raise :class:`Unavailable` with a reason. Everything here is pure: the trial outcome (what the
 child process managed to load) comes in as data and :func:`resolve` turns it into capability
@@ -34,6 +34,8 @@ class KernelEnv:
     tracefs: str | None
     tracefs_note: str
     tp_fields: Callable[[str, str], list[str]] = field(default=lambda _c, _e: [])
+    kprobes: bool = False  # the kernel creates kprobe events
+    ksym: Callable[[str], bool] = field(default=lambda _n: False)  # a kernel symbol now
 
     def need_btf(self) -> Btf:
         if self.btf is None:
@@ -52,6 +54,20 @@ def funcs(*names: str) -> Requirement:
         for n in names:
             if not b.has_func(n):
                 raise Unavailable(Reason.NOT_AVAILABLE, f"no function {n} in BTF")
+        return []
+
+    return req
+
+
+def kprobe(name: str) -> Requirement:
+    """A kprobe target: kprobe events and the symbol (a module's function too, with or without
+    BTF of its own: what fentry needs and a module built out of tree lacks)."""
+
+    def req(env: KernelEnv) -> list[str]:
+        if not env.kprobes:
+            raise Unavailable(Reason.NOT_AVAILABLE, "no kprobe events (CONFIG_KPROBE_EVENTS)")
+        if not env.ksym(name):
+            raise Unavailable(Reason.NOT_AVAILABLE, f"no symbol {name} in /proc/kallsyms")
         return []
 
     return req
@@ -156,7 +172,7 @@ def raw_tp_nargs_flag(name: str, nargs: int, define: str) -> Requirement:
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    mechanism: str  # fentry | raw_tp | tp
+    mechanism: str  # fentry | kprobe | raw_tp | tp
     target: str  # attach point(s), for reports: "netif_carrier_off+on", "qdisc:qdisc_reset"
     define: str
     requires: tuple[Requirement, ...] = ()

@@ -70,7 +70,11 @@ def _precheck(root: str) -> Precheck:
     def fields(cat: str, ev: str) -> list[str]:
         return kernel.tracepoint_fields(tracefs, cat, ev)
 
-    return Precheck(Reason.NONE, note, H.KernelEnv(b, berr, tracefs, note, fields))
+    def ksym(name: str) -> bool:
+        return kernel.kallsyms_has(name, root)
+
+    env = H.KernelEnv(b, berr, tracefs, note, fields, kernel.kprobes_available(tracefs), ksym)
+    return Precheck(Reason.NONE, note, env)
 
 
 def run_trials(

@@ -11,6 +11,16 @@ from railhop.sources.bpfstats import ProgStats
 from railhop.sources.ebpf.late import LateHooks
 from railhop.sources.ebpf.source import RINGBUF, EbpfSource
 
+IB_EVENT_OFFSETS = H.offsets(
+    RH_OFF_IBEV_DEVICE=("ib_event", "device"),
+    # port_num is a member of the union ib_event.element (with the cq/qp/srq/wq pointers), so
+    # the union's offset is the port's: a GPU host's BTF (6.18) has no ib_event.port_num at top
+    # level
+    RH_OFF_IBEV_PORT=("ib_event", "element"),
+    RH_OFF_IBEV_EVENT=("ib_event", "event"),
+    RH_OFF_IBDEV_NAME=("ib_device", "name"),
+)
+
 RDMA_DRV = H.ProbeSpec(
     source="ebpf.rdma",
     file="rdma_drv.bpf.c",
@@ -23,18 +33,15 @@ RDMA_DRV = H.ProbeSpec(
                     "fentry",
                     "ib_dispatch_event",
                     "RH_IB_EVENT_FENTRY",
-                    (
-                        H.funcs("ib_dispatch_event"),
-                        H.offsets(
-                            RH_OFF_IBEV_DEVICE=("ib_event", "device"),
-                            # port_num is a member of the union ib_event.element (with the
-                            # cq/qp/srq/wq pointers), so the union's offset is the port's: a
-                            # GPU host's BTF (6.18) has no ib_event.port_num at top level
-                            RH_OFF_IBEV_PORT=("ib_event", "element"),
-                            RH_OFF_IBEV_EVENT=("ib_event", "event"),
-                            RH_OFF_IBDEV_NAME=("ib_device", "name"),
-                        ),
-                    ),
+                    (H.funcs("ib_dispatch_event"), IB_EVENT_OFFSETS),
+                ),
+                # where fentry cannot attach (no BTF FUNC for the function, fentry refused):
+                # the same record through a kprobe, the struct offsets still from BTF
+                H.Variant(
+                    "kprobe",
+                    "ib_dispatch_event",
+                    "RH_IB_EVENT_KPROBE",
+                    (H.kprobe("ib_dispatch_event"), IB_EVENT_OFFSETS),
                 ),
             ),
         ),
