@@ -15,6 +15,11 @@ beside tcp for the checksum's cost; tcp+chunk512k and ofi+chunk512k are the lane
 the harness drives (tcp@v8, tcp@v11; default v11): the tables side by side. --rate-mbit 0 leaves
 the veths unlimited.
 
+Each round's line ends with the host's 1-minute load average, and each plugin run carries its NIC
+spread (slowest NIC's rate / fastest's): a dip with a spread near 1.0 slowed every NIC alike (the
+host's CPUs), a low spread means the run settled with a NIC starved. The summary prints every
+label's ratio per round, so a bimodal label shows as two clusters.
+
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
     sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
@@ -69,8 +74,19 @@ def listening(fab: Fabric, node: int, port: int) -> bool:
     return in_netns(fab.netns(node), body)
 
 
+def window_rates(samp: CounterSampler, nics: int, t0: float, t1: float) -> list[float]:
+    """Bytes/s received on each of node 1's NICs over the window."""
+    return [samp.rate(1, i, t0, t1, direction="rx") for i in range(nics)]
+
+
 def window_rate(samp: CounterSampler, nics: int, t0: float, t1: float) -> float:
-    return sum(samp.rate(1, i, t0, t1, direction="rx") for i in range(nics))
+    return sum(window_rates(samp, nics, t0, t1))
+
+
+def nic_spread(by_nic: list[float]) -> float:
+    """The slowest NIC's rate over the fastest's: 1.0 when the NICs share the load evenly, lower
+    when a run settles with one NIC starved (a mode of the run, not of the host's load)."""
+    return min(by_nic) / max(by_nic) if by_nic and max(by_nic) > 0 else 0.0
 
 
 def run_iperf(fab: Fabric, nics: int, streams: int, seconds: float) -> dict[str, Any]:
@@ -135,9 +151,11 @@ def run_plugin(
     goodput = rate_between(prog, first + 1.0, last - 0.2)
     t0 = run.started_at + first + 1.0
     t1 = run.started_at + last - 0.2
-    wire = window_rate(samp, nics, t0, t1)
+    by_nic = window_rates(samp, nics, t0, t1)
     return {
-        "wire_Bps": wire,
+        "wire_Bps": sum(by_nic),
+        "wire_Bps_by_nic": by_nic,
+        "nic_spread": nic_spread(by_nic),
         "goodput_Bps": goodput,
         "bytes_checked": res.bytes_checked,
         "data_errors": res.data_errors,
@@ -240,11 +258,13 @@ def main() -> int:
                 line += (
                     f" | {label} {_common.mbit(pl['wire_Bps']):8.1f} Mbit/s wire "
                     f"({_common.mbit(pl['goodput_Bps']):7.1f} goodput, "
-                    f"{pl['bytes_checked'] / 2**20:.0f} MiB checked) ratio {ratio:.3f}"
+                    f"{pl['bytes_checked'] / 2**20:.0f} MiB checked, NIC spread "
+                    f"{pl['nic_spread']:.2f}) ratio {ratio:.3f}"
                 )
                 rnd[label] = pl
                 rnd[f"ratio_{label}"] = ratio
-            print(line)
+            rnd["loadavg_1m"] = os.getloadavg()[0]
+            print(f"{line} | load {rnd['loadavg_1m']:.1f}")
             if len(labels) == 1:
                 rnd["plugin"], rnd["ratio"] = rnd[labels[0]], rnd[f"ratio_{labels[0]}"]
             rounds.append(rnd)
@@ -259,6 +279,8 @@ def main() -> int:
     for lb in labels:
         name = "plugin (harness)" if lb == "plugin" else f"plugin, {lb} lanes"
         r_lb = med[lb] / ip_med if ip_med else 0.0
+        per_round = ", ".join(f"{x[f'ratio_{lb}']:.3f}" for x in rounds)
+        print(f"  {name + ' / raw TCP, per round':<28} {per_round}")
         print(f"  {name + ', median':<28}{_common.mbit(med[lb]):8.1f} Mbit/s")
         print(
             f"  {name + ' / raw TCP':<28}{r_lb:8.3f}   (target >= 0.9) "

@@ -46,7 +46,9 @@ _common.setup_import_path()
 from railhop import paths  # noqa: E402
 from railhop.sources.base import Registry  # noqa: E402
 from railhop.sources.bpfstats import ProgStats, RunStats  # noqa: E402
-from railhop.sources.ebpf import CarrierSource, EbpfSource, TcpLaneSource  # noqa: E402
+from railhop.sources.ebpf.carrier import CarrierSource  # noqa: E402
+from railhop.sources.ebpf.source import EbpfSource  # noqa: E402
+from railhop.sources.ebpf.tcp import TcpLaneSource  # noqa: E402
 from railhop.sources.events import Event  # noqa: E402
 from railhop.sources.netlink import NetlinkSource  # noqa: E402
 from railhop.sources.timing import Collector, carrier_cycles, summarize  # noqa: E402

@@ -26,7 +26,7 @@
 #define RH_EV_CM_EVENT 8 /* rh_drv_ev: a = rdma_cm_event_type, b = status */
 #define RH_EV_CM_REMOVE 9 /* rh_drv_ev: dev = RDMA device removed */
 #define RH_EV_MLX5_CMD 10 /* rh_drv_ev: name = command, msg = status, a = status, b = syndrome */
-#define RH_EV_IB_EVENT 11 /* rh_drv_ev: a = ib_event_type, b = port (fentry only) */
+#define RH_EV_IB_EVENT 11 /* rh_drv_ev: a = ib_event_type, b = port (fentry, kprobe) */
 #define RH_EV_USDT 12 /* rh_usdt_ev: a plugin USDT probe fired */
 #define RH_EV_DEV_CLOSE 13 /* rh_netdev_ev: qdisc reset by dev_close() (admin down, unregister) */
 
@@ -35,6 +35,7 @@
 #define RH_HOOK_RAW_TP 2
 #define RH_HOOK_TP 3
 #define RH_HOOK_USDT 4
+#define RH_HOOK_KPROBE 5
 
 /* railhop USDT probes (struct rh_usdt_ev.probe) */
 #define RH_USDT_LANE_UP 1

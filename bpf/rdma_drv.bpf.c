@@ -7,7 +7,8 @@
  *             (bit n of RH_CM_ERROR_MASK set = report event n)
  *   cm_remove tracepoint rdma_cma:cm_remove_one                   RH_CM_REMOVE_TP
  *   mlx5_cmd  tracepoint mlx5:mlx5_cmd (failed FW commands only)  RH_MLX5_CMD_TP
- *   ib_event  fentry ib_dispatch_event (all RDMA async events)    RH_IB_EVENT_FENTRY with
+ *   ib_event  fentry ib_dispatch_event (all RDMA async events)    RH_IB_EVENT_FENTRY, or
+ *             kprobe ib_dispatch_event where fentry cannot attach  RH_IB_EVENT_KPROBE, with
  *             RH_OFF_IBEV_DEVICE, RH_OFF_IBEV_PORT, RH_OFF_IBEV_EVENT, RH_OFF_IBDEV_NAME
  */
 /* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
@@ -85,12 +86,12 @@ TRACEPOINT_PROBE(mlx5, mlx5_cmd)
 }
 #endif
 
-#ifdef RH_IB_EVENT_FENTRY
-KFUNC_PROBE(ib_dispatch_event, void *event)
+#if defined(RH_IB_EVENT_FENTRY) || defined(RH_IB_EVENT_KPROBE)
+/* One record of an RDMA async event: ev is the struct ib_event ib_dispatch_event() got. */
+static __always_inline int rh_ib_event(const char *ev, __u32 hook)
 {
-	const char *ev = (const char *)event;
 	const char *ibdev = 0;
-	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_IB_EVENT, RH_HOOK_FENTRY);
+	struct rh_drv_ev *e = RH_RESERVE(struct rh_drv_ev, RH_EV_IB_EVENT, hook);
 
 	if (!e) {
 		return 0;
@@ -103,5 +104,21 @@ KFUNC_PROBE(ib_dispatch_event, void *event)
 	}
 	rh_submit(e);
 	return 0;
+}
+#endif
+
+#ifdef RH_IB_EVENT_FENTRY
+KFUNC_PROBE(ib_dispatch_event, void *event)
+{
+	return rh_ib_event((const char *)event, RH_HOOK_FENTRY);
+}
+#endif
+
+#ifdef RH_IB_EVENT_KPROBE
+#include <uapi/linux/ptrace.h> /* struct pt_regs, whose registers bcc reads the arguments from */
+
+int kprobe__ib_dispatch_event(struct pt_regs *ctx, void *event)
+{
+	return rh_ib_event((const char *)event, RH_HOOK_KPROBE);
 }
 #endif

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import require
 from railhop.sources.base import Registry
-from railhop.sources.ebpf import CarrierSource
+from railhop.sources.ebpf.carrier import CarrierSource
 from railhop.sources.netlink import NetlinkSource
 from railhop.sources.timing import CarrierCycle, Collector, carrier_cycles, summarize
 from railhop_lab.fabric import End, Fabric, unique_prefix

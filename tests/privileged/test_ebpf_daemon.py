@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import require, until
-from railhop.sources.ebpf import CarrierDedup
+from railhop.sources.ebpf.carrier import CarrierDedup
 from railhop.sources.timing import quantile
 from railhop_lab.fabric import End, Fabric, unique_prefix
 

@@ -16,7 +16,10 @@ import pytest
 from conftest import require
 from railhop.sources import hooks as H
 from railhop.sources.base import Reason
-from railhop.sources.ebpf import CarrierSource, EbpfSource, RdmaDriverSource, TcpLaneSource
+from railhop.sources.ebpf.carrier import CarrierSource
+from railhop.sources.ebpf.rdma import RdmaDriverSource
+from railhop.sources.ebpf.source import EbpfSource
+from railhop.sources.ebpf.tcp import TcpLaneSource
 
 pytestmark = pytest.mark.privileged
 
@@ -113,7 +116,7 @@ def test_every_hook_is_attached_or_skipped_with_a_reason() -> None:
             for c in caps:
                 assert c.attached or c.reason in VOCAB, c
                 if c.attached:
-                    assert c.mechanism.split(":")[0] in ("fentry", "raw_tp", "tp")
+                    assert c.mechanism.split(":")[0] in ("fentry", "kprobe", "raw_tp", "tp")
             carrier = [c for c in caps if c.hook == "carrier"]
             if carrier and not carrier[0].mechanism.startswith("fentry"):
                 # fentry is tried first and its refusal is recorded (EPERM on these VMs)
@@ -140,13 +143,14 @@ def test_every_carrier_and_tcp_variant_loads_here(mech: str) -> None:
 
 def test_rdma_probe_compiles_though_nothing_attaches_here() -> None:
     """No RDMA hook exists on this kernel, but the composed rdma_drv program must still compile:
-    its fentry variant gets as far as the load (refused here: no ib_dispatch_event), never to a
-    C error (which bcc reports as "Failed to compile BPF module")."""
+    its fentry variant gets as far as the load (refused here: no ib_dispatch_event), its kprobe
+    variant through the load to the attach, never to a C error (which bcc reports as "Failed to
+    compile BPF module")."""
     from bcc import BPF
 
     from railhop import paths
     from railhop.sources.compose import compose
-    from railhop.sources.ebpf import RDMA_DRV
+    from railhop.sources.ebpf.rdma import RDMA_DRV
 
     d = paths.bpf_dir()
     text = compose(d, RDMA_DRV.file, RDMA_DRV.preludes)
@@ -156,3 +160,10 @@ def test_rdma_probe_compiles_though_nothing_attaches_here() -> None:
         BPF(text=text.encode(), cflags=flags).cleanup()  # a kernel that has it and allows fentry
     except Exception as e:
         assert "Failed to load BPF program b'kfunc__ib_dispatch_event'" in str(e), e
+    # the kprobe fallback gets past the verifier: only the attach can fail (no kprobe events
+    # or no ib_core here)
+    flags = [f"-I{d}", "-DRH_IB_EVENT_KPROBE", *offs, "-DRH_OFF_IBDEV_NAME=16"]
+    try:
+        BPF(text=text.encode(), cflags=flags).cleanup()  # kprobes and ib_core loaded
+    except Exception as e:
+        assert "Failed to attach BPF program b'kprobe__ib_dispatch_event'" in str(e), e

@@ -29,7 +29,7 @@ pyroute2 = pytest.importorskip("pyroute2")
 
 from railhop.sources import kernel  # noqa: E402
 from railhop.sources.base import queue_emitter  # noqa: E402
-from railhop.sources.ebpf import TcpLaneSource  # noqa: E402
+from railhop.sources.ebpf.tcp import TcpLaneSource  # noqa: E402
 from railhop.sources.events import Event, TcpSuspect  # noqa: E402
 
 BPF_SRC = Path(__file__).resolve().parents[2] / "bpf"  # test helpers live in the source tree

@@ -13,7 +13,8 @@ import pytest
 from railhop.daemon import AgentConfig, default_sources
 from railhop.policy import default_policy, load_policy
 from railhop.sources import catalogue
-from railhop.sources.ebpf import CarrierSource, TcpLaneSource
+from railhop.sources.ebpf.carrier import CarrierSource
+from railhop.sources.ebpf.tcp import TcpLaneSource
 from railhop.sources.netlink import NetlinkSource
 from railhop.sources.report import default_sources as report_sources
 from railhop.sources.sysfs import SysfsCounterSource
@@ -84,7 +85,7 @@ def test_rdma_sources_start_only_where_a_managed_nic_is_an_rdma_device(
     """DGX fixture (mlx5 HCAs): the RDMA/driver eBPF probes and the verbs source are built, the
     verbs source for the managed NICs' devices only (the policy excludes the storage NICs
     mlx5_8 and mlx5_9); the Ethernet fixture (no RDMA device): neither, and the log says why."""
-    from railhop.sources.ebpf import RdmaDriverSource
+    from railhop.sources.ebpf.rdma import RdmaDriverSource
     from railhop.sources.verbs import VerbsSource
 
     policy = load_policy(POLICY)

@@ -8,7 +8,9 @@ import pytest
 
 from railhop import paths
 from railhop.sources.compose import INCLUDE, ComposeError, compose
-from railhop.sources.ebpf import CARRIER, RDMA_DRV, TCP_LANE
+from railhop.sources.ebpf.carrier import CARRIER
+from railhop.sources.ebpf.rdma import RDMA_DRV
+from railhop.sources.ebpf.tcp import TCP_LANE
 from railhop.sources.usdt import SPEC as USDT_SPEC
 
 

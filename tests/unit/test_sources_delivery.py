@@ -17,7 +17,7 @@ import pytest
 from railhop.sources import decode as D
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, attached
-from railhop.sources.ebpf import EbpfSource
+from railhop.sources.ebpf.source import EbpfSource
 from railhop.sources.events import CarrierDown, Event
 
 SPEC = H.ProbeSpec(source="ebpf.fake", file="fake.bpf.c", hooks=(H.Hook("carrier", ()),))

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from railhop.sources import ebpf
 from railhop.sources.bpftrial import MARK
+from railhop.sources.ebpf import carrier, loader, netns, tcp
 from railhop.sources.events import CarrierDown, CarrierUp, TcpSuspect
 
 MS = 1_000_000
 
 
 def test_carrier_dedup() -> None:
-    d = ebpf.CarrierDedup(window_ns=10 * MS)
+    d = carrier.CarrierDedup(window_ns=10 * MS)
     assert d.accept("nic0", True, 0)
     assert not d.accept("nic0", True, 1 * MS)  # second queue's qdisc reset
     assert not d.accept("nic0", True, 9 * MS)  # window anchored at the first
@@ -30,22 +30,22 @@ def test_carrier_dedup() -> None:
 def test_netns_filter(tmp_path: Path) -> None:
     (tmp_path / "var/run/netns").mkdir(parents=True)
     (tmp_path / "var/run/netns/node1").write_text("")
-    f = ebpf.NetnsFilter("node1", str(tmp_path))
+    f = netns.NetnsFilter("node1", str(tmp_path))
     f.resolve()
     ino = (tmp_path / "var/run/netns/node1").stat().st_ino
     assert f.ino == ino
     assert f.keep(CarrierDown(ts_ns=1, source="s", ifname="nic0", netns_ino=ino))
     assert not f.keep(CarrierDown(ts_ns=1, source="s", ifname="nic0", netns_ino=ino + 1))
     assert f.keep(CarrierDown(ts_ns=1, source="s", ifname="nic0", netns_ino=0))  # tracepoint
-    nofilter = ebpf.NetnsFilter(None, str(tmp_path))
+    nofilter = netns.NetnsFilter(None, str(tmp_path))
     nofilter.resolve()
     assert nofilter.keep(CarrierUp(ts_ns=1, source="s", ifname="x", netns_ino=5))
     with pytest.raises(OSError):
-        ebpf.NetnsFilter("missing", str(tmp_path)).resolve()
+        netns.NetnsFilter("missing", str(tmp_path)).resolve()
 
 
 def test_carrier_source_filters() -> None:
-    src = ebpf.CarrierSource(ifnames={"nic0"})
+    src = carrier.CarrierSource(ifnames={"nic0"})
     down = CarrierDown(ts_ns=0, source="ebpf.carrier", ifname="nic0")
     assert src.filter_event(down) is down
     assert src.filter_event(CarrierDown(ts_ns=MS, source="ebpf.carrier", ifname="nic0")) is None
@@ -53,7 +53,7 @@ def test_carrier_source_filters() -> None:
 
 
 def test_lane_ports_before_start() -> None:
-    src = ebpf.TcpLaneSource()
+    src = tcp.TcpLaneSource()
     src.add_port(5000)
     src.add_port(5000, remote=True)
     src.add_port(6000, remote=True)
@@ -62,7 +62,7 @@ def test_lane_ports_before_start() -> None:
     src.remove_port(7000)
     assert src.ports() == {6000: 2}
     for bad in (0, 65536, -1):
-        with pytest.raises(ebpf.EbpfError):
+        with pytest.raises(loader.EbpfError):
             src.add_port(bad)
     ev = TcpSuspect(ts_ns=0, source="ebpf.tcp", reason="retransmit", sport=1, dport=2)
     assert src.filter_event(ev) is ev
@@ -70,14 +70,14 @@ def test_lane_ports_before_start() -> None:
 
 def test_split_diagnostics() -> None:
     err = f"warning before\n{MARK}0\nx.c:3: error: boom\n{MARK}1\nAssertion `!isNull()' failed.\n"
-    d = ebpf.split_diagnostics(err)
+    d = loader.split_diagnostics(err)
     assert d[None] == "warning before"
     assert d[0] == "x.c:3: error: boom"
     assert d[1] == "Assertion `!isNull()' failed."
 
 
 def test_missing_netns_is_a_skip_not_a_crash(tmp_path: Path) -> None:
-    src = ebpf.TcpLaneSource(root=str(tmp_path), netns="nope")
+    src = tcp.TcpLaneSource(root=str(tmp_path), netns="nope")
     caps = src.start_sync(lambda _e: None)
     assert [c.attached for c in caps] == [False, False, False]
     assert all("netns nope" in c.detail for c in caps)

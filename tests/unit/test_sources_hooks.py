@@ -6,10 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from railhop.sources import ebpf, kernel
+from railhop.sources import btf as btfmod
 from railhop.sources import hooks as H
+from railhop.sources import kernel
 from railhop.sources.base import Reason, Status
-from railhop.sources.btf import Btf
+from railhop.sources.btf import Btf, BtfType, Member
+from railhop.sources.ebpf import loader
+from railhop.sources.ebpf.carrier import CARRIER
+from railhop.sources.ebpf.rdma import RDMA_DRV
+from railhop.sources.ebpf.tcp import TCP_LANE, TcpLaneSource
 
 EMPTY_BTF = Btf([], {})
 
@@ -124,8 +129,8 @@ def test_classify(mech: str, err: str, reason: Reason) -> None:
 
 
 def test_specs_are_well_formed() -> None:
-    for s in (ebpf.CARRIER, ebpf.TCP_LANE, ebpf.RDMA_DRV):
-        order = {"fentry": 0, "raw_tp": 1, "tp": 2}
+    for s in (CARRIER, TCP_LANE, RDMA_DRV):
+        order = {"fentry": 0, "kprobe": 1, "raw_tp": 2, "tp": 3}
         for h in s.hooks:
             ranks = [order[v.mechanism] for v in h.variants]
             assert ranks == sorted(ranks), (s.source, h.name)
@@ -147,9 +152,9 @@ def test_cap_eff_and_precheck_without_privilege(tmp_path: Path) -> None:
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/self/status").write_text("Name:\tx\nCapEff:\t0000000000000000\n")
     assert kernel.cap_eff(str(tmp_path)) == 0
-    pre = ebpf.precheck(str(tmp_path), refresh=True)
+    pre = loader.precheck(str(tmp_path), refresh=True)
     assert (pre.reason, pre.env) == (Reason.NO_PRIVILEGE, None)
-    src = ebpf.TcpLaneSource(root=str(tmp_path))
+    src = TcpLaneSource(root=str(tmp_path))
     caps = src.start_sync(lambda _e: None)
     assert [(c.hook, c.reason) for c in caps] == [
         ("retransmit", Reason.NO_PRIVILEGE),
@@ -192,3 +197,101 @@ print fmt: "skbaddr=%p", REC->skbaddr
 
 def test_parse_format_fields() -> None:
     assert kernel.parse_format_fields(FORMAT) == ["skbaddr", "sport", "saddr_v6", "dev", "err"]
+
+
+def rdma_btf(with_func: bool) -> Btf:
+    """BTF with struct ib_event / ib_device, and ib_dispatch_event's FUNC only ``with_func``
+    (a module without BTF of its own: the function is not there for fentry)."""
+    types = [
+        BtfType(0, "", 0, False),
+        BtfType(
+            btfmod.KIND_STRUCT,
+            "ib_event",
+            24,
+            False,
+            3,
+            [Member("device", 0, 0), Member("element", 0, 64), Member("event", 0, 128)],
+        ),
+        BtfType(btfmod.KIND_STRUCT, "ib_device", 64, False, 1, [Member("name", 0, 16 * 8)]),
+    ]
+    by_name = {(btfmod.KIND_STRUCT, "ib_event"): [1], (btfmod.KIND_STRUCT, "ib_device"): [2]}
+    if with_func:
+        types.append(BtfType(btfmod.KIND_FUNC, "ib_dispatch_event", 0, False))
+        by_name[(btfmod.KIND_FUNC, "ib_dispatch_event")] = [3]
+    return Btf(types, by_name)
+
+
+def ib_event_only() -> H.ProbeSpec:
+    return H.ProbeSpec(RDMA_DRV.source, RDMA_DRV.file, RDMA_DRV.hooks[:1])
+
+
+def rdma_env(tmp_path: Path, with_func: bool, kprobes: bool, syms: set[str]) -> H.KernelEnv:
+    return H.KernelEnv(
+        rdma_btf(with_func), "", str(tmp_path), "", kprobes=kprobes, ksym=syms.__contains__
+    )
+
+
+OFFS = (
+    "-DRH_OFF_IBEV_DEVICE=0",
+    "-DRH_OFF_IBEV_PORT=8",
+    "-DRH_OFF_IBEV_EVENT=16",
+    "-DRH_OFF_IBDEV_NAME=16",
+)
+
+
+@pytest.mark.parametrize(
+    ("with_func", "kprobes", "syms", "want"),
+    [
+        # the function in BTF: fentry first, the kprobe behind it for a refused fentry
+        (True, True, {"ib_dispatch_event"}, ["RH_IB_EVENT_FENTRY", "RH_IB_EVENT_KPROBE"]),
+        # a module without BTF for its functions: only the kprobe can reach it
+        (False, True, {"ib_dispatch_event"}, ["RH_IB_EVENT_KPROBE"]),
+        (False, False, {"ib_dispatch_event"}, []),  # no kprobe events in this kernel
+        (False, True, set(), []),  # ib_core not loaded: no such symbol
+        (True, False, set(), ["RH_IB_EVENT_FENTRY"]),
+    ],
+)
+def test_ib_event_falls_back_to_a_kprobe(
+    tmp_path: Path, with_func: bool, kprobes: bool, syms: set[str], want: list[str]
+) -> None:
+    p = H.plan(ib_event_only(), rdma_env(tmp_path, with_func, kprobes, syms))
+    assert [c.cflags[0].removeprefix("-D") for c in p.candidates[0]] == want
+    for c in p.candidates[0]:
+        assert c.cflags[1:] == OFFS  # the same struct offsets from BTF either way
+
+
+def test_ib_event_kprobe_reasons_and_resolution(tmp_path: Path) -> None:
+    spec = ib_event_only()
+    p = H.plan(spec, rdma_env(tmp_path, False, False, set()))
+    caps, _flags, _chosen = H.resolve(spec, p, H.TrialOutcome())
+    assert caps[0].reason is Reason.NOT_AVAILABLE
+    assert "fentry: not available (no function ib_dispatch_event in BTF)" in caps[0].detail
+    assert "kprobe: not available (no kprobe events (CONFIG_KPROBE_EVENTS))" in caps[0].detail
+    # fentry refused at load (EPERM), the kprobe attaches: its flags are the ones compiled
+    p = H.plan(spec, rdma_env(tmp_path, True, True, {"ib_dispatch_event"}))
+    fentry, kp = p.candidates[0]
+    outcome = H.TrialOutcome(
+        {fentry.index: (False, "Operation not permitted"), kp.index: (True, "")}, True, ""
+    )
+    caps, flags, chosen = H.resolve(spec, p, outcome)
+    assert caps[0].attached and caps[0].mechanism == "kprobe:ib_dispatch_event"
+    assert "fentry: fentry refused" in caps[0].detail
+    assert flags == list(kp.cflags) and chosen == [spec.hooks[0].variants[1]]
+
+
+def test_kprobe_facts(tmp_path: Path) -> None:
+    text = (
+        "ffffffffc0a01000 t ib_dispatch_event\t[ib_core]\n"
+        "ffffffff81000000 T _stext\n"
+        "0000000000000000 t ib_dispatch_event_clients\t[ib_core]\n"
+    )
+    assert kernel.kallsyms_lookup(text, "ib_dispatch_event")
+    assert not kernel.kallsyms_lookup(text, "ib_dispatch")
+    assert not kernel.kallsyms_has("ib_dispatch_event", str(tmp_path))  # no /proc/kallsyms
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/kallsyms").write_text(text)
+    assert kernel.kallsyms_has("ib_dispatch_event", str(tmp_path))
+    assert not kernel.kprobes_available(None)
+    assert not kernel.kprobes_available(str(tmp_path))
+    (tmp_path / "kprobe_events").write_text("")
+    assert kernel.kprobes_available(str(tmp_path))

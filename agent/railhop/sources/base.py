@@ -63,7 +63,7 @@ class Capability:
     source: str
     hook: str
     status: Status
-    mechanism: str = ""  # fentry | raw_tp | tp | usdt | netlink | sysfs | verbs
+    mechanism: str = ""  # fentry | kprobe | raw_tp | tp | usdt | netlink | sysfs | verbs
     reason: Reason = Reason.NONE
     detail: str = ""
 

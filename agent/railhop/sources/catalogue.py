@@ -39,19 +39,19 @@ def _names(o: SourceOptions) -> set[str] | None:
 
 
 def _carrier(o: SourceOptions) -> Source:
-    from railhop.sources.ebpf import CarrierSource
+    from railhop.sources.ebpf.carrier import CarrierSource
 
     return CarrierSource(ifnames=_names(o), root=o.root, netns=o.hooks_netns)
 
 
 def _tcp_lane(o: SourceOptions) -> Source:
-    from railhop.sources.ebpf import TcpLaneSource
+    from railhop.sources.ebpf.tcp import TcpLaneSource
 
     return TcpLaneSource(root=o.root, netns=o.hooks_netns)
 
 
 def _rdma_driver(o: SourceOptions) -> Source:
-    from railhop.sources.ebpf import RdmaDriverSource
+    from railhop.sources.ebpf.rdma import RdmaDriverSource
 
     return RdmaDriverSource(root=o.root)
 

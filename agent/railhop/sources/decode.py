@@ -42,7 +42,7 @@ EV_IB_EVENT = 11
 EV_USDT = 12
 EV_DEV_CLOSE = 13
 
-HOOKS = {1: "fentry", 2: "raw_tp", 3: "tp", 4: "usdt"}
+HOOKS = {1: "fentry", 2: "raw_tp", 3: "tp", 4: "usdt", 5: "kprobe"}
 
 USDT_PROBES = {
     1: "lane_up",

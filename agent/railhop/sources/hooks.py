@@ -1,7 +1,7 @@
 """Hook chains: which implementations of a hook exist, what each needs, and which one to use.
 
 A probe file (``bpf/<probe>.bpf.c``) has one or more hooks; each hook has variants in the order
-fentry -> raw tracepoint -> tracepoint, each switched on by a ``-D`` define. A variant's
+fentry -> kprobe -> raw tracepoint -> tracepoint, each switched on by a ``-D`` define. A variant's
 requirements turn kernel facts (:class:`KernelEnv`) into extra ``-D`` flags (BTF offsets) or
 raise :class:`Unavailable` with a reason. Everything here is pure: the trial outcome (what the
 child process managed to load) comes in as data and :func:`resolve` turns it into capability
@@ -11,7 +11,7 @@ records and the final cflags.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
 from railhop.sources.btf import Btf, BTFError
@@ -34,6 +34,8 @@ class KernelEnv:
     tracefs: str | None
     tracefs_note: str
     tp_fields: Callable[[str, str], list[str]] = field(default=lambda _c, _e: [])
+    kprobes: bool = False  # the kernel creates kprobe events
+    ksym: Callable[[str], bool] = field(default=lambda _n: False)  # a kernel symbol now
 
     def need_btf(self) -> Btf:
         if self.btf is None:
@@ -52,6 +54,20 @@ def funcs(*names: str) -> Requirement:
         for n in names:
             if not b.has_func(n):
                 raise Unavailable(Reason.NOT_AVAILABLE, f"no function {n} in BTF")
+        return []
+
+    return req
+
+
+def kprobe(name: str) -> Requirement:
+    """A kprobe target: kprobe events and the symbol (a module's function too, with or without
+    BTF of its own: what fentry needs and a module built out of tree lacks)."""
+
+    def req(env: KernelEnv) -> list[str]:
+        if not env.kprobes:
+            raise Unavailable(Reason.NOT_AVAILABLE, "no kprobe events (CONFIG_KPROBE_EVENTS)")
+        if not env.ksym(name):
+            raise Unavailable(Reason.NOT_AVAILABLE, f"no symbol {name} in /proc/kallsyms")
         return []
 
     return req
@@ -156,7 +172,7 @@ def raw_tp_nargs_flag(name: str, nargs: int, define: str) -> Requirement:
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    mechanism: str  # fentry | raw_tp | tp
+    mechanism: str  # fentry | kprobe | raw_tp | tp
     target: str  # attach point(s), for reports: "netif_carrier_off+on", "qdisc:qdisc_reset"
     define: str
     requires: tuple[Requirement, ...] = ()
@@ -316,3 +332,30 @@ def all_skipped(spec: ProbeSpec, reason: Reason, detail: str) -> list[Capability
 
 def hook_names(spec: ProbeSpec) -> Sequence[str]:
     return [h.name for h in spec.hooks]
+
+
+def awaiting(caps: Sequence[Capability]) -> frozenset[str]:
+    """Hooks skipped because their tracepoint was absent: a module loaded later (``rdma_cm``)
+    adds the tracepoint. A hook skipped for any other reason, or whose late load failed, is
+    not waited for."""
+    return frozenset(c.hook for c in caps if not c.attached and c.reason is Reason.NO_TRACEPOINT)
+
+
+def late_spec(
+    spec: ProbeSpec, caps: Sequence[Capability], env: KernelEnv, allow: frozenset[str] | None
+) -> ProbeSpec | None:
+    """The hooks of ``spec`` that were skipped for a missing tracepoint (:func:`awaiting`) and
+    have a candidate on the kernel now, as a spec of their own; None when none has."""
+    wanted = awaiting(caps)
+    sub = replace(spec, hooks=tuple(h for h in spec.hooks if h.name in wanted))
+    if not sub.hooks:
+        return None
+    p = plan(sub, env, allow)
+    ready = tuple(h for h, hc in zip(sub.hooks, p.candidates, strict=True) if hc)
+    return replace(spec, hooks=ready) if ready else None
+
+
+def merge_caps(caps: Sequence[Capability], late: Sequence[Capability]) -> list[Capability]:
+    """``caps`` with each hook's record replaced by its record in ``late``, order kept."""
+    by_hook = {c.hook: c for c in late}
+    return [by_hook.get(c.hook, c) for c in caps]

@@ -91,6 +91,29 @@ def tracepoint_exists(tracefs: str | None, category: str, event: str) -> bool:
     return tracefs is not None and (Path(tracefs) / "events" / category / event).is_dir()
 
 
+def kprobes_available(tracefs: str | None) -> bool:
+    """Whether the kernel creates kprobe events (CONFIG_KPROBE_EVENTS): tracefs has the file."""
+    return tracefs is not None and (Path(tracefs) / "kprobe_events").is_file()
+
+
+def kallsyms_has(name: str, root: str = "/") -> bool:
+    """Whether ``name`` is a kernel symbol now (a module's symbols only while it is loaded)."""
+    try:
+        text = (Path(root) / "proc/kallsyms").read_text()
+    except OSError:
+        return False
+    return kallsyms_lookup(text, name)
+
+
+def kallsyms_lookup(text: str, name: str) -> bool:
+    """Whether ``/proc/kallsyms`` text (``addr type name [module]`` lines) names ``name``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == name:
+            return True
+    return False
+
+
 _FIELD = re.compile(r"field:([^;]*?)\s+([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?;")
 
 

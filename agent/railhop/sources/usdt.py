@@ -19,7 +19,8 @@ from typing import Any
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
 from railhop.sources.compose import ComposeError
-from railhop.sources.ebpf import EbpfSource, precheck, run_trials
+from railhop.sources.ebpf.loader import precheck, run_trials
+from railhop.sources.ebpf.source import EbpfSource
 
 PROVIDER = "railhop"
 LANE_PROBES = (
