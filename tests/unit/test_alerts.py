@@ -155,3 +155,41 @@ def test_every_metric_the_rules_and_dashboard_name_exists() -> None:
 @pytest.mark.parametrize("name", ["railhop_nic_upp", "railhop_failover_total", "railhop_x_info"])
 def test_the_metric_check_catches_a_wrong_name(name: str) -> None:
     assert not exported(name, METRICS_PY.read_text())
+
+
+_BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_TARGET_LABELS = {"instance", "node", "job", "pod", "namespace"}  # added by the scrape, not by us
+
+
+def _labels_by_metric() -> dict[str, set[str]]:
+    """Label names of every metric the agent's registry exposes (static collectors only)."""
+    from prometheus_client import CollectorRegistry
+
+    from railhop.metrics import AgentMetrics
+
+    m = AgentMetrics(CollectorRegistry())
+    out: dict[str, set[str]] = {}
+    for c in vars(m).values():
+        names = getattr(c, "_labelnames", None)
+        if names is not None:
+            out[c._name] = set(names)  # type: ignore[attr-defined]
+    return out
+
+
+def test_the_rules_group_by_labels_the_metrics_have() -> None:
+    """An alert grouped by `device` on a metric labelled `nic` never fires with a NIC name:
+    every label a rule groups by is on one of the metrics it reads (or comes from the scrape)."""
+    labels = _labels_by_metric()
+    assert "device" in labels["railhop_nic_up"]
+    bad = []
+    for g in yaml.safe_load(ALERTS.read_text())["groups"]:
+        for rule in g["rules"]:
+            expr = rule["expr"]
+            known = set().union(
+                *(labels.get(n.removesuffix("_total"), set()) for n in _METRIC.findall(expr))
+            )
+            for clause in _BY.findall(expr):
+                for lab in (x.strip() for x in clause.split(",")):
+                    if lab and lab not in known | _TARGET_LABELS:
+                        bad.append((rule["alert"], lab))
+    assert not bad, f"rules group by labels their metrics do not have: {bad}"
