@@ -268,14 +268,14 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 	}
 	l = calloc(1, sizeof(*l));
 	if (!l) {
-		release();
-		return -ENOMEM;
+		rc = -ENOMEM;
+		goto err_release;
 	}
 	l->dev = dev;
 	if (rh_auth_random(l->secret, sizeof(l->secret)) < 0) {
 		WARN("getrandom failed: no connection secret for the listener");
-		free(l);
-		return -EIO;
+		rc = -EIO;
+		goto err_free;
 	}
 	memcpy(h.secret, l->secret, sizeof(h.secret));
 	pthread_mutex_lock(&rh_g.mu);
@@ -295,6 +295,12 @@ int rh_listen(int dev, void *handle, void **listen_comm)
 	rh_handle_put(&h, handle);
 	*listen_comm = l;
 	return 0;
+
+err_free:
+	free(l);
+err_release:
+	release(); /* the hold taken above: a v8..v10 host would otherwise never stop */
+	return rc;
 }
 
 void rh_registry_add(struct rh_conn *c)
