@@ -9,15 +9,15 @@ iperf3 / plugin; the medians give the ratio (target >= 0.9).
 With --transports tcp,ofi every round runs the plugin once per lane transport (RAILHOP_TRANSPORT;
 ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
-The label tcp+crc32c is the TCP lane with RAILHOP_CHECKSUM=1 (a CRC32C per chunk): run it
-beside tcp for the checksum's cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
+The label tcp+pmac is the TCP lane with RAILHOP_CHECKSUM=1 (a keyed payload MAC, GMAC, on
+every DATA frame; frame headers carry their MAC always): run it beside tcp for its cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
 512 KiB chunks of before issue 18 (the default is 128 KiB). A label may name the ncclNet table
 the harness drives (tcp@v8, tcp@v11; default v11): the tables side by side. --rate-mbit 0 leaves
 the veths unlimited.
 
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
-    sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
+    sudo python3 bench/fabric_throughput.py --transports tcp,tcp+pmac --rate-mbit 0
     sudo python3 bench/fabric_throughput.py --transports tcp --baseline /path/to/main/build
     sudo python3 bench/fabric_throughput.py --transports tcp@v8,tcp@v11 --rate-mbit 1000
 """
@@ -47,7 +47,7 @@ IPERF_PORT = 5201
 TRANSPORT_ENV = {
     "tcp": {"RAILHOP_TRANSPORT": "tcp"},
     "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
-    "tcp+crc32c": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
+    "tcp+pmac": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
     # the chunk size before issue 18 (512 KiB; the default is 128 KiB), for a side-by-side A/B
     "tcp+chunk512k": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHUNK_SIZE": "524288"},
     "ofi+chunk512k": {
@@ -269,8 +269,8 @@ def main() -> int:
         for lb in labels:
             if lb not in ("tcp", "baseline"):
                 side[lb] = med[lb] / med["tcp"] if med["tcp"] else 0.0
-                if lb == "tcp+crc32c":  # a cost to report, no target
-                    print(f"  checksum on / off           {side[lb]:8.3f}")
+                if lb == "tcp+pmac":  # a cost to report, no target
+                    print(f"  payload MAC on / off        {side[lb]:8.3f}")
                     continue
                 print(
                     f"  {lb} lanes / tcp lanes       {side[lb]:8.3f}   (target >= 0.8) "

@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../src/core/auth.h"
+#include "../src/core/fmac.h"
 #include "../src/core/wire.h"
 #include "check.h"
 

@@ -16,7 +16,6 @@
 #include "../param.h"
 #include "../probes.h"
 #include "../rh.h"
-#include "auth.h"
 #include "conn.h"
 #include "health.h"
 #include "sched.h"

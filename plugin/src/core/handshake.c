@@ -15,6 +15,7 @@
 #include "../probes.h"
 #include "auth.h"
 #include "conn.h"
+#include "fmac.h"
 #include "health.h"
 
 static void set_remote_table(struct rh_conn *c, const struct rh_hello *h)

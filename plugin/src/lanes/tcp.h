@@ -32,7 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../core/auth.h"
+#include "../core/fmac.h"
 #include "../log.h"
 #include "../param.h"
 #include "lanes.h"
