@@ -10,8 +10,9 @@ With --transports tcp,ofi every round runs the plugin once per lane transport (R
 ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
 The label tcp+pmac is the TCP lane with RAILHOP_CHECKSUM=1 (a keyed payload MAC, GMAC, on
-every DATA frame; frame headers carry their MAC always): run it beside tcp for its cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
-512 KiB chunks of before issue 18 (the default is 128 KiB). A label may name the ncclNet table
+every DATA frame; frame headers carry their MAC always): run it beside tcp for its cost;
+tcp+chunk512k and ofi+chunk512k are the lanes with the 512 KiB chunks of before issue 18 (the
+default is 128 KiB). A label may name the ncclNet table
 the harness drives (tcp@v8, tcp@v11; default v11): the tables side by side. --rate-mbit 0 leaves
 the veths unlimited.
 
