@@ -173,6 +173,12 @@ def main() -> int:
         "'baseline' in every round, and each label's ratio to it is printed",
     )
     ap.add_argument(
+        "--alternate",
+        action="store_true",
+        help="run the labels in reverse order every other round (cancels an effect of the "
+        "order on a loaded machine; ratios are taken per round either way)",
+    )
+    ap.add_argument(
         "--transports",
         default="",
         help="lane transports side by side, e.g. tcp,ofi (default: the plugin's own choice)",
@@ -226,7 +232,8 @@ def main() -> int:
                 f"({_common.mbit(ip['goodput_Bps']):7.1f} goodput)"
             )
             rnd: dict[str, Any] = {"iperf3": ip}
-            for label in labels:
+            order = labels[::-1] if args.alternate and r % 2 else labels
+            for label in order:
                 pl = run_plugin(
                     fab,
                     args.nics,
@@ -281,7 +288,16 @@ def main() -> int:
         for lb in labels:
             if lb != "baseline":
                 side[f"{lb}/baseline"] = med[lb] / med["baseline"] if med["baseline"] else 0.0
-                print(f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}")
+                per = [
+                    x[lb]["wire_Bps"] / x["baseline"]["wire_Bps"]
+                    for x in rounds
+                    if x["baseline"]["wire_Bps"]
+                ]
+                print(
+                    f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}   per round "
+                    + " ".join(f"{v:.3f}" for v in per)
+                    + f" (median {_common.median(per):.3f})"
+                )
     print(f"  data errors                 {errors:8d}")
     _common.write_json(
         args.json,
