@@ -84,9 +84,10 @@
 	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */    \
 	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")                                   \
 	/* 1 = every DATA frame on TCP lanes carries a keyed payload MAC (GMAC, AES-128-GCM,    \
-	 * under the stream's key), and one without it is refused: a chunk that does not match   \
-	 * fails its lane and is replayed. Off by default: frame headers are always MACed; this \
-	 * adds the payload bytes (against an in-path attacker, and the hosts' buffers). */   \
+	 * under the stream's key; the hello asks the peer for it too), and one without it is   \
+	 * refused: a chunk that does not match fails its lane and is replayed. Off by default:  \
+	 * frame headers are always MACed; this adds the payload bytes (against an in-path       \
+	 * attacker, and the hosts' buffers). */   \
 	X(CHECKSUM, int, 0, "keyed payload MAC per DATA frame: 0|1")
 
 struct rh_params {

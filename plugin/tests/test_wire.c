@@ -94,6 +94,7 @@ static void test_hello(void)
 	memset(h.nonce, 0xa5, sizeof(h.nonce));
 	memset(h.mac, 0x5a, sizeof(h.mac));
 	memset(h.snonce, 0x3c, sizeof(h.snonce));
+	h.flags = RH_HELLO_F_PMAC;
 	len = rh_hello_put(&h, b, sizeof(b));
 	EXPECT_EQ(b[28], 0xa5);
 	EXPECT_EQ(b[28 + RH_NONCE_LEN], 0x5a);
@@ -102,6 +103,7 @@ static void test_hello(void)
 	EXPECT(memcmp(g.nonce, h.nonce, RH_NONCE_LEN) == 0);
 	EXPECT(memcmp(g.mac, h.mac, RH_MAC_LEN) == 0);
 	EXPECT(memcmp(g.snonce, h.snonce, RH_NONCE_LEN) == 0);
+	EXPECT_EQ(g.flags, RH_HELLO_F_PMAC);
 	/* truncated / bad magic / stream index out of range */
 	EXPECT_EQ(rh_hello_get(b, (size_t)len - 3, &g), -EPROTO);
 	b[0] ^= 1;
@@ -253,6 +255,12 @@ static void test_hello_mac(void)
 	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
 	g = h;
 	g.lane_id = 10;
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.snonce[0] ^= 1; /* the stream nonce that keys the frame MACs (issue 29, 2) */
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h;
+	g.flags ^= RH_HELLO_F_PMAC; /* asking for (or dropping) the payload MAC */
 	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
 	g = h;
 	g.nnics = 1; /* the NIC table is covered too */

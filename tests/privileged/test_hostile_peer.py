@@ -110,13 +110,14 @@ def hello(
     nics: tuple[bytes, ...] = (),
 ) -> bytes:
     """A hello of the listener's protocol; under RHH3 with a nonce and a MAC made without the
-    secret (random bytes: the stranger has nothing better), under RHH4 a stream nonce too."""
+    secret (random bytes: the stranger has nothing better), under RHH4 a stream nonce and flags
+    too."""
     b = magic + bytes((kind, from_sender, 1, 0))
     b += struct.pack("<IQIhh", lane_id, listen_id, CHUNK, src_nic, dst_nic)
     if magic in (b"RHH3", b"RHH4"):
         b += os.urandom(16 + 32)
     if magic == b"RHH4":
-        b += os.urandom(16)
+        b += os.urandom(16) + b"\0"  # stream nonce, flags
     return b + bytes((len(nics),)) + b"".join(nics)
 
 

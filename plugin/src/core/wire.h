@@ -103,6 +103,10 @@ enum rh_hello_kind {
 	RH_HELLO_PROBE = 3, /* health probe: answered and closed */
 };
 
+/* This side wants a payload MAC on every DATA frame it receives (RAILHOP_CHECKSUM=1): its peer
+ * adds one to the DATA frames it sends on the stream whatever its own setting. */
+#define RH_HELLO_F_PMAC 1u
+
 struct rh_hello {
 	uint8_t kind;
 	uint8_t from_sender; /* the opener is the data sender of the connection */
@@ -121,6 +125,7 @@ struct rh_hello {
 	 * secret they key the stream's frame MACs (auth.h, rh_fmac_init), so no two streams, nor
 	 * two attempts of one, share a key. Under the MAC. */
 	uint8_t snonce[RH_NONCE_LEN];
+	uint8_t flags; /* RH_HELLO_F_*; under the MAC */
 	int nnics;
 	struct rh_peer_nic nics[RH_MAX_NICS];
 };

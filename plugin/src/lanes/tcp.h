@@ -104,6 +104,7 @@ struct tcp_stream {
 	/* frame MACs (after the hello exchange: fm_on) */
 	struct rh_fmac fm;
 	bool fm_on;
+	bool pay_tx; /* our DATA frames carry a payload MAC (ours or the peer's hello asks) */
 	uint8_t snonce[RH_NONCE_LEN]; /* opener: our hello's stream nonce */
 	/* receive */
 	uint8_t rxh[TCP_HDR_MAX];

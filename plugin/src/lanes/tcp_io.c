@@ -122,6 +122,7 @@ static void on_accept_hello(struct tcp_stream *s)
 			return;
 		}
 		s->fm_on = true;
+		s->pay_tx = rh_param.CHECKSUM || (in.flags & RH_HELLO_F_PMAC);
 	}
 	len = rh_hello_put(&reply, s->txbuf + RH_HDR_LEN, TCP_HELLO_MAX);
 	h.len = (uint32_t)len;
@@ -158,6 +159,7 @@ static void ofi_on_hello_ack(struct tcp_stream *s)
 		return;
 	}
 	s->fm_on = true;
+	s->pay_tx = rh_param.CHECKSUM || (reply.flags & RH_HELLO_F_PMAC);
 	s->state = ST_READY;
 	rh_core_stream_ready(s->lane, &reply);
 }
@@ -368,13 +370,14 @@ static int seal_ctrl(struct tcp_stream *s)
 	return i == s->ctl_len ? 0 : -EPROTO;
 }
 
-/* Tag the DATA frame in txh (header, header tag, with RAILHOP_CHECKSUM=1 the payload's tag):
+/* Tag the DATA frame in txh (header, header tag, the payload's tag when RAILHOP_CHECKSUM=1
+ * here or the peer's hello asked for it):
  * -ECONNABORTED when the connection is closing (its memory must not be read). */
 static int seal_data(struct tcp_stream *s)
 {
 	size_t hl = RH_HDR_LEN + RH_TAG_LEN;
 
-	if (rh_param.CHECKSUM) {
+	if (s->pay_tx) {
 		int rc;
 
 		s->txh[2] |= RH_FLAG_PMAC; /* flags, little-endian: under the header's tag */
