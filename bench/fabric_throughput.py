@@ -9,9 +9,10 @@ iperf3 / plugin; the medians give the ratio (target >= 0.9).
 With --transports tcp,ofi every round runs the plugin once per lane transport (RAILHOP_TRANSPORT;
 ofi through libfabric's tcp provider, FI_PROVIDER=tcp), side by side on the same fabric, and the
 summary prints each transport's ratio to the TCP lane (issue 11 target: ofi >= 0.8x tcp).
-The label tcp+crc32c is the TCP lane with RAILHOP_CHECKSUM=1 (a CRC32C per chunk): run it
-beside tcp for the checksum's cost; tcp+chunk512k and ofi+chunk512k are the lanes with the
-512 KiB chunks of before issue 18 (the default is 128 KiB). A label may name the ncclNet table
+The label tcp+pmac is the TCP lane with RAILHOP_CHECKSUM=1 (a keyed payload MAC, GMAC, on
+every DATA frame; frame headers carry their MAC always): run it beside tcp for its cost;
+tcp+chunk512k and ofi+chunk512k are the lanes with the 512 KiB chunks of before issue 18 (the
+default is 128 KiB). A label may name the ncclNet table
 the harness drives (tcp@v8, tcp@v11; default v11): the tables side by side. --rate-mbit 0 leaves
 the veths unlimited.
 
@@ -22,7 +23,7 @@ label's ratio per round, so a bimodal label shows as two clusters.
 
     sudo python3 bench/fabric_throughput.py [--quick] [--rate-mbit 200] [--json out.json]
     sudo python3 bench/fabric_throughput.py --transports tcp,ofi
-    sudo python3 bench/fabric_throughput.py --transports tcp,tcp+crc32c --rate-mbit 0
+    sudo python3 bench/fabric_throughput.py --transports tcp,tcp+pmac --rate-mbit 0
     sudo python3 bench/fabric_throughput.py --transports tcp --baseline /path/to/main/build
     sudo python3 bench/fabric_throughput.py --transports tcp@v8,tcp@v11 --rate-mbit 1000
 """
@@ -52,7 +53,7 @@ IPERF_PORT = 5201
 TRANSPORT_ENV = {
     "tcp": {"RAILHOP_TRANSPORT": "tcp"},
     "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"},
-    "tcp+crc32c": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
+    "tcp+pmac": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHECKSUM": "1"},
     # the chunk size before issue 18 (512 KiB; the default is 128 KiB), for a side-by-side A/B
     "tcp+chunk512k": {"RAILHOP_TRANSPORT": "tcp", "RAILHOP_CHUNK_SIZE": "524288"},
     "ofi+chunk512k": {
@@ -190,6 +191,12 @@ def main() -> int:
         "'baseline' in every round, and each label's ratio to it is printed",
     )
     ap.add_argument(
+        "--alternate",
+        action="store_true",
+        help="run the labels in reverse order every other round (cancels an effect of the "
+        "order on a loaded machine; ratios are taken per round either way)",
+    )
+    ap.add_argument(
         "--transports",
         default="",
         help="lane transports side by side, e.g. tcp,ofi (default: the plugin's own choice)",
@@ -243,7 +250,8 @@ def main() -> int:
                 f"({_common.mbit(ip['goodput_Bps']):7.1f} goodput)"
             )
             rnd: dict[str, Any] = {"iperf3": ip}
-            for label in labels:
+            order = labels[::-1] if args.alternate and r % 2 else labels
+            for label in order:
                 pl = run_plugin(
                     fab,
                     args.nics,
@@ -291,8 +299,8 @@ def main() -> int:
         for lb in labels:
             if lb not in ("tcp", "baseline"):
                 side[lb] = med[lb] / med["tcp"] if med["tcp"] else 0.0
-                if lb == "tcp+crc32c":  # a cost to report, no target
-                    print(f"  checksum on / off           {side[lb]:8.3f}")
+                if lb == "tcp+pmac":  # a cost to report, no target
+                    print(f"  payload MAC on / off        {side[lb]:8.3f}")
                     continue
                 print(
                     f"  {lb} lanes / tcp lanes       {side[lb]:8.3f}   (target >= 0.8) "
@@ -302,7 +310,16 @@ def main() -> int:
         for lb in labels:
             if lb != "baseline":
                 side[f"{lb}/baseline"] = med[lb] / med["baseline"] if med["baseline"] else 0.0
-                print(f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}")
+                per = [
+                    x[lb]["wire_Bps"] / x["baseline"]["wire_Bps"]
+                    for x in rounds
+                    if x["baseline"]["wire_Bps"]
+                ]
+                print(
+                    f"  {lb} / baseline{'':<14}{side[f'{lb}/baseline']:8.3f}   per round "
+                    + " ".join(f"{v:.3f}" for v in per)
+                    + f" (median {_common.median(per):.3f})"
+                )
     print(f"  data errors                 {errors:8d}")
     _common.write_json(
         args.json,

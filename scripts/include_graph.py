@@ -42,6 +42,7 @@ CORE_API = {
     "src/core/sched.h",
     "src/core/lane_state.h",
     "src/core/lane_ops.h",
+    "src/core/fmac.h",
 }
 
 LAYERS = ["api", "agent glue", "core", "core API", "lanes", "base", "ABI"]

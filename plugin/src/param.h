@@ -87,10 +87,12 @@
 	/* Lane transport: tcp, ofi (libfabric FI_EP_MSG + FI_RMA; provider as libfabric /     \
 	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */    \
 	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")                                   \
-	/* 1 = the sender adds a CRC32C of each DATA chunk (TCP lanes); a chunk that does not    \
-	 * match fails its lane and is replayed. Off by default: TCP's own checksum and the NIC's \
-	 * CRC already cover the wire; this also covers the hosts' buffers and DMA. */  \
-	X(CHECKSUM, int, 0, "CRC32C per DATA chunk: 0|1")
+	/* 1 = every DATA frame on TCP lanes carries a keyed payload MAC (GMAC, AES-128-GCM,    \
+	 * under the stream's key; the hello asks the peer for it too), and one without it is   \
+	 * refused: a chunk that does not match fails its lane and is replayed. Off by default:  \
+	 * frame headers are always MACed; this adds the payload bytes (against an in-path       \
+	 * attacker, and the hosts' buffers). */   \
+	X(CHECKSUM, int, 0, "keyed payload MAC per DATA frame: 0|1")
 
 struct rh_params {
 #define RH_PARAM_FIELD_int(name) int64_t name

@@ -1,15 +1,16 @@
 #!/bin/sh
 # End-to-end over the loopback NIC: receiver and sender harness processes, every byte checked.
 # usage: loopback.sh HARNESS PLUGIN
+# RECV_ENV / SEND_ENV (optional): K=V words for one side only (e.g. RAILHOP_CHECKSUM=1).
 set -eu
 H=$1
 P=$2
 export RAILHOP_NICS=${RAILHOP_NICS:-lo}
 run() {
 	dir=$(mktemp -d)
-	"$H" --plugin "$P" --role recv --rendezvous "$dir" --deadline 60 "$@" >"$dir/recv.json" &
+	env ${RECV_ENV:-} "$H" --plugin "$P" --role recv --rendezvous "$dir" --deadline 60 "$@" >"$dir/recv.json" &
 	rpid=$!
-	if ! "$H" --plugin "$P" --role send --rendezvous "$dir" --deadline 60 "$@" >"$dir/send.json"; then
+	if ! env ${SEND_ENV:-} "$H" --plugin "$P" --role send --rendezvous "$dir" --deadline 60 "$@" >"$dir/send.json"; then
 		echo "sender failed: $*"; tail -n 2 "$dir/send.json"; kill "$rpid" 2>/dev/null || true
 		exit 1
 	fi

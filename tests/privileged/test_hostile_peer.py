@@ -12,7 +12,13 @@ checks every byte, while the pair moves data:
 * forged hellos with an epoch of UINT32_MAX, then a fault (finding 5);
 * the first 64 KiB of each of the plugin's own lanes, captured on the wire and replayed on new
   connections to the same listeners, as sent and with bits flipped (finding 9), hellos for
-  connections that do not exist, and interleaved garbage.
+  connections that do not exist, and interleaved garbage;
+* an attacker in the path of live lanes (issue 29, 2): the sender's lanes to the receiver's
+  first NIC run through a proxy on node 2 (nat rules: node 0's OUTPUT DNATs them to node 2,
+  whose PREROUTING redirects them to the proxy, which reads the original destination and
+  relays), and the proxy injects one forged frame at a frame boundary of a live stream: DATA
+  for a chunk not yet placed (ahead of the genuine one), a first chunk with total 0, a BYE, a
+  FAILREQ towards the receiver; an ACK or a CTS towards the sender.
 
 Asserted: no receive completes with wrong bytes or size, no request fails (the harness), no
 out-of-bounds access (plugin and harness are an AddressSanitizer build: no report, exit 0), the
@@ -20,14 +26,17 @@ legitimate connection keeps moving data through the attack and after the fault, 
 receiver's descriptors come back to their level and its CPU stays bounded.
 
 The attacker speaks the protocol of the build under test (the magic in the handle: "RHH3" hellos
-carry a nonce and a MAC, which the stranger cannot compute without the secret; "RHH2" had none),
-so the same file shows the findings on a build of the previous protocol: point
+carry a nonce and a MAC, which the stranger cannot compute without the secret; "RHH2" had none;
+"RHH4" hellos carry a stream nonce too and every frame after the hello a 16-byte tag, which the
+stranger fills with random bytes), so the same file shows the findings on a build of the
+previous protocol: point
 RAILHOP_HOSTILE_PLUGIN_PATH and RAILHOP_HOSTILE_HARNESS_PATH at its ASan build. By default the
 module builds build/asan from this tree (cmake + ninja, incremental).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -57,7 +66,8 @@ CHUNK = 131072  # RAILHOP_CHUNK_SIZE default
 RATE_MBIT = 200  # a rate-limited fabric: the receiver's CPU has headroom to measure
 
 HDR = struct.Struct("<BBHIQIIQQQ")  # type slot flags len conn_id epoch aux seq off total
-F_DATA, F_ACK, F_HELLO, F_HELLO_ACK = 1, 3, 7, 8
+F_DATA, F_CTS, F_ACK, F_FAILREQ, F_BYE, F_HELLO, F_HELLO_ACK = 1, 2, 3, 5, 6, 7, 8
+TAG = 16  # RHH4: the tag after every frame header after the hello
 HELLO_CONN, HELLO_LANE = 1, 2
 U32_MAX = 0xFFFFFFFF
 
@@ -100,11 +110,14 @@ def hello(
     nics: tuple[bytes, ...] = (),
 ) -> bytes:
     """A hello of the listener's protocol; under RHH3 with a nonce and a MAC made without the
-    secret (random bytes: the stranger has nothing better)."""
+    secret (random bytes: the stranger has nothing better), under RHH4 a stream nonce and flags
+    too."""
     b = magic + bytes((kind, from_sender, 1, 0))
     b += struct.pack("<IQIhh", lane_id, listen_id, CHUNK, src_nic, dst_nic)
-    if magic == b"RHH3":
+    if magic in (b"RHH3", b"RHH4"):
         b += os.urandom(16 + 32)
+    if magic == b"RHH4":
+        b += os.urandom(16) + b"\0"  # stream nonce, flags
     return b + bytes((len(nics),)) + b"".join(nics)
 
 
@@ -564,3 +577,223 @@ def test_replayed_and_garbled_bytes(fab: Fabric, build: tuple[Path, Path]) -> No
     assert len(lanes_up.findall(logs["recv"] + logs["send"])) == nlanes0, logs["recv"][-3000:]
     # bounded: at most half a core more than before (a spinning listener takes a whole one)
     assert held_rate < base_rate + 0.5, f"receiver CPU {held_rate:.2f} vs {base_rate:.2f} cores"
+
+
+# ---------------------------------------------------------------------------------------------
+# An attacker in the path of live lanes (issue 29, 2)
+
+
+def _recv_exact(s: socket.socket, n: int, stop: threading.Event) -> bytes | None:
+    """n bytes from s (None: closed or stopping); bounded by the socket's timeout per read."""
+    out = bytearray()
+    while len(out) < n:
+        if stop.is_set():
+            return None
+        try:
+            b = s.recv(min(n - len(out), 1 << 20))
+        except TimeoutError:
+            continue
+        except OSError:
+            return None
+        if not b:
+            return None
+        out += b
+    return bytes(out)
+
+
+@dataclass
+class Frame:
+    hdr: tuple[int, ...]  # HDR fields: type slot flags len conn_id epoch aux seq off total
+    raw: bytes  # as it came: header, tags, payload
+
+    @property
+    def type(self) -> int:
+        return self.hdr[0]
+
+
+INJECT = ("data", "empty", "bye", "failreq", "ack", "cts")
+TOWARDS_SENDER = ("ack", "cts")
+
+
+class InPathProxy:
+    """Relays the sender's (node 0) lane streams to the receiver's (node 1) first NIC through
+    node 2, frame by frame, and injects one forged frame of kind ``inject`` into a live stream
+    at a frame boundary, after ``after`` genuine DATA frames went through."""
+
+    def __init__(self, fab: Fabric, inject: str, after: int = 40) -> None:
+        self.fab, self.inject, self.after = fab, inject, after
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ndata = 0
+        self.injected: list[str] = []
+        self.streams = 0
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
+        self.lsock = fab.socket(2)
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("0.0.0.0", 0))
+        self.lsock.listen(64)
+        self.lsock.settimeout(0.2)
+        port = self.lsock.getsockname()[1]
+        dst, via = fab.address(1, 0), fab.address(2, 0)
+        out = ["-t", "nat", "OUTPUT", "-p", "tcp", "-d", dst, "-j", "DNAT"]
+        pre = ["-t", "nat", "PREROUTING", "-p", "tcp", "-s", fab.address(0, 0), "-j"]
+        self.rules = [
+            (0, [*out, "--to-destination", via]),
+            (2, [*pre, "REDIRECT", "--to-ports", str(port)]),
+        ]
+        for node, rule in self.rules:
+            r = fab.run(node, ["iptables", rule[0], rule[1], "-A", *rule[2:]], timeout=20)
+            require(r.returncode == 0, f"iptables nat in node {node}: {r.stderr.strip()}")
+        self._spawn(self._accept)
+
+    def _spawn(self, fn: object, *args: object) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)  # type: ignore[arg-type]
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                c, _ = self.lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            od = c.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST: the listener's port
+            port = struct.unpack(">H", od[2:4])[0]
+            up = self.fab.socket(2)
+            up.settimeout(3.0)
+            try:
+                up.connect((self.fab.address(1, 0), port))
+            except OSError:
+                c.close()
+                up.close()
+                continue
+            c.settimeout(0.2)
+            up.settimeout(0.2)
+            with self.lock:
+                self.socks += [c, up]
+                self.streams += 1
+            pending: list[bytes] = []  # forged frames for the way towards the sender
+            self._spawn(self._pump, c, up, True, pending)
+            self._spawn(self._pump, up, c, False, pending)
+
+    def _read(self, src: socket.socket, tagged: bool) -> Frame | None:
+        h = _recv_exact(src, HDR.size, self.stop)
+        if h is None:
+            return None
+        f = HDR.unpack(h)
+        extra = (TAG + (TAG if f[0] == F_DATA and f[2] & 1 else 0)) if tagged else 0
+        rest = _recv_exact(src, extra + f[3], self.stop) if extra + f[3] else b""
+        return None if rest is None else Frame(f, h + rest)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, pending: list[bytes]) -> None:
+        tagged = hello = False
+        lane_id = 0
+        try:
+            while not self.stop.is_set():
+                if not up and hello and pending:  # at a frame boundary towards the sender
+                    with self.lock:
+                        out, pending[:] = b"".join(pending), []
+                    dst.sendall(out)
+                if not up:
+                    ready, _, _ = select.select([src], [], [], 0.05)
+                    if not ready:
+                        continue
+                fr = self._read(src, tagged)
+                if fr is None:
+                    return
+                if not hello:  # HELLO / HELLO_ACK: the protocol of the build, the lane's id
+                    body = fr.raw[HDR.size :]
+                    tagged, lane_id, hello = body[:4] == b"RHH4", hello_lane_id(body), True
+                elif up and fr.type == F_DATA:
+                    self._maybe_inject(fr, dst, tagged, lane_id, pending)
+                dst.sendall(fr.raw)
+        except OSError:
+            return
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _maybe_inject(
+        self, fr: Frame, dst: socket.socket, tagged: bool, lane_id: int, pending: list[bytes]
+    ) -> None:
+        _, slot, _, length, cid, epoch, _, seq, off, total = fr.hdr
+        with self.lock:
+            self.ndata += 1
+            if self.injected or self.ndata < self.after or length == 0:
+                return
+            if self.inject == "empty" and off != 0:
+                return  # a message's first chunk: total 0 would complete it at once
+            self.injected.append(f"{self.inject} seq {seq} off {off} lane {lane_id}")
+
+        def forged(ftype: int, payload: bytes = b"", **f: int) -> bytes:
+            b = frame(ftype, payload, conn_id=cid, epoch=epoch, **f)
+            return b[: HDR.size] + (os.urandom(TAG) if tagged else b"") + b[HDR.size :]
+
+        k = self.inject
+        if k == "data":  # ahead of the genuine chunk: on a build without frame MACs it is
+            # placed and the genuine one dropped as a replay
+            out = forged(F_DATA, b"\xee" * length, slot=slot, seq=seq, off=off, total=total)
+        elif k == "empty":
+            out = forged(F_DATA, slot=slot, seq=seq, off=0, total=0)
+        elif k == "bye":
+            out = forged(F_BYE, aux=lane_id)
+        elif k == "failreq":
+            out = forged(F_FAILREQ, bytes((1,)) + struct.pack("<I", lane_id))
+        elif k == "ack":  # the message is in flight: an ACK completes it with nothing delivered
+            out = forged(F_ACK, slot=slot, seq=seq, total=total)
+        else:  # cts: the next receive posted, twice its real size
+            out = forged(F_CTS, struct.pack("<iQ", 0, 2 * total), seq=seq + 1, aux=1)
+        if k in TOWARDS_SENDER:
+            with self.lock:
+                pending.append(out)
+        else:
+            dst.sendall(out)
+
+    def close(self) -> None:
+        self.stop.set()
+        for node, rule in self.rules:
+            self.fab.run(node, ["iptables", rule[0], rule[1], "-D", *rule[2:]], timeout=20)
+        self.lsock.close()
+        for t in self.threads:
+            t.join(5)
+        with self.lock:
+            for s in self.socks:
+                s.close()
+
+
+def hello_lane_id(body: bytes) -> int:
+    """The lane id of a hello (its bytes after the frame header)."""
+    return struct.unpack("<I", body[8:12])[0] if len(body) >= 12 else 0
+
+
+@pytest.mark.parametrize("inject", INJECT)
+def test_in_path_injection_fails_the_lane(
+    fab: Fabric, build: tuple[Path, Path], inject: str
+) -> None:
+    """Issue 29, 2: a forged frame injected into a live lane by an attacker in its path is
+    refused by its frame MAC (one WARN naming it), the lane fails over and the data arrives
+    over another lane: every byte checked at the receiver, no send completes without its
+    receive, both processes exit 0."""
+    proxy = InPathProxy(fab, inject)
+    try:
+        run = start(fab, build, duration=8.0, seed=290 + INJECT.index(inject))
+        try:
+            wait_for_bytes(run, 8 * MiB, timeout=30)
+            until(lambda: bool(proxy.injected), 20, f"the proxy injecting {inject}")
+            t_inject = now_h(run)
+            res = run.wait()
+        finally:
+            logs = close(run)
+    finally:
+        proxy.close()
+    assert proxy.streams > 0, "no lane ran through the proxy"
+    assert_clean(res, logs)
+    victim = logs["send" if inject in TOWARDS_SENDER else "recv"]
+    assert re.search(r"failed its MAC check.*failing the lane", victim), (
+        f"no MAC failure logged for {proxy.injected}\n{victim[-3000:]}"
+    )
+    assert_moving_after(res, t_inject + 1.0, f"the injected {inject}")

@@ -170,6 +170,7 @@ void rh_conn_local_hello(struct rh_conn *c, struct rh_hello *h)
 	memset(h, 0, sizeof(*h));
 	h->from_sender = c->is_send;
 	h->chunk = (uint32_t)c->chunk;
+	h->flags = rh_param.CHECKSUM ? RH_HELLO_F_PMAC : 0;
 	h->nnics = rh_g.nnics;
 	for (int i = 0; i < rh_g.nnics; i++) {
 		const struct rh_nic *n = &rh_g.nics[i];

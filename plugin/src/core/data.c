@@ -16,7 +16,6 @@
 #include "../param.h"
 #include "../probes.h"
 #include "../rh.h"
-#include "auth.h"
 #include "conn.h"
 #include "health.h"
 #include "sched.h"
@@ -491,28 +490,6 @@ out:
 	return dst;
 }
 
-/* RAILHOP_CHECKSUM: true when the placed chunk of h matches the CRC32C its sender computed. */
-static bool chunk_crc_ok(struct rh_conn *c, struct rh_rreq *q, const struct rh_hdr *h)
-{
-	const char *p;
-	uint32_t crc;
-
-	if (!(h->flags & RH_FLAG_CRC) || h->len == 0) {
-		return true;
-	}
-	p = q->bufs[h->slot] + h->off; /* stable: writers[] holds the receive open */
-	pthread_mutex_unlock(&c->mu);
-	crc = 0;
-	if (rh_core_io_enter(c)) {
-		crc = rh_crc32c(0, p, h->len);
-		rh_core_io_exit(c);
-	} else {
-		crc = ~h->aux; /* closing: the chunk is not placed */
-	}
-	pthread_mutex_lock(&c->mu);
-	return crc == h->aux;
-}
-
 void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counted, bool ok)
 {
 	struct rh_conn *c = l->conn;
@@ -524,12 +501,6 @@ void rh_core_rx_data_done(struct rh_lane *l, const struct rh_hdr *h, bool counte
 	}
 	pthread_mutex_lock(&c->mu);
 	q = &c->rreqs[h->seq % RH_RING];
-	if (ok && !chunk_crc_ok(c, q, h)) {
-		ok = false;
-		if (l->state != RH_LANE_DEAD) {
-			bad_frame(c, l, h, "does not match its CRC32C");
-		}
-	}
 	q->writers[h->slot]--;
 	if (ok && !(q->bits[h->slot][idx / 64] & (1ull << (idx % 64)))) {
 		q->bits[h->slot][idx / 64] |= 1ull << (idx % 64);
@@ -673,8 +644,6 @@ static void share_taken(struct rh_conn *c, struct rh_lane *l, uint64_t len)
 int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, struct rh_tx *tx)
 {
 	struct rh_conn *c = l->conn;
-	struct rh_hdr dh;
-	bool crc = false;
 	int rc = 0;
 
 	pthread_mutex_lock(&c->mu);
@@ -727,24 +696,10 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		}
 		tx->ctrl_len = 0;
 		rc = 1;
-		crc = rh_param.CHECKSUM && len > 0;
-		if (crc) {
-			dh = h;
-		}
 		break;
 	}
 out:
 	pthread_mutex_unlock(&c->mu);
-	if (crc) {
-		/* The message's memory stays valid until it is acknowledged; computed outside
-		 * the lock so lanes do not serialize on it. */
-		if (rh_core_io_enter(c)) {
-			dh.aux = rh_crc32c(0, tx->payload, tx->len);
-			dh.flags |= RH_FLAG_CRC;
-			rh_core_io_exit(c);
-			rh_hdr_put(&dh, tx->hdr);
-		}
-	}
 	return rc;
 }
 

@@ -15,6 +15,7 @@
 #include "../probes.h"
 #include "auth.h"
 #include "conn.h"
+#include "fmac.h"
 #include "health.h"
 
 static void set_remote_table(struct rh_conn *c, const struct rh_hello *h)
@@ -145,12 +146,15 @@ int rh_conn_sign_hello(struct rh_conn *c, struct rh_lane *l, struct rh_hello *h)
 int rh_core_sign_stream(struct rh_lane *l, struct rh_hello *h)
 {
 	struct rh_conn *c = l->conn;
-	int slot = lane_slot(c, l);
+	int slot = lane_slot(c, l), rc;
 
 	if (slot < 0) {
 		return -EINVAL;
 	}
 	memcpy(h->nonce, c->lane_nonce[slot], RH_NONCE_LEN);
+	if ((rc = rh_auth_random(h->snonce, RH_NONCE_LEN)) < 0) {
+		return rc;
+	}
 	if (h->kind == RH_HELLO_CONN) {
 		return rh_auth_sign(c->key, h, false, c->id, c->epoch, NULL, NULL);
 	}
@@ -377,7 +381,8 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 		if (h->kind == RH_HELLO_CONN) {
 			memcpy(reply->nonce, c->conn_nonce[1], RH_NONCE_LEN);
 		}
-		if (rh_auth_sign(c->key, reply, true, c->id, 0, h->nonce, NULL) < 0) {
+		if (rh_auth_random(reply->snonce, RH_NONCE_LEN) < 0 ||
+		    rh_auth_sign(c->key, reply, true, c->id, 0, h->nonce, NULL) < 0) {
 			memset(reply->mac, 0, sizeof(reply->mac)); /* the opener refuses it */
 		}
 	}
@@ -462,6 +467,24 @@ void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 out:
 	pthread_mutex_unlock(&c->mu);
 	pthread_mutex_unlock(&rh_g.mu);
+}
+
+int rh_core_frame_key(struct rh_lane *l, int stream, const uint8_t *nonce_open,
+		      const uint8_t *nonce_acc, struct rh_fmac *f)
+{
+	struct rh_conn *c = l->conn;
+	uint8_t key[RH_SECRET_LEN];
+	uint64_t id;
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	memcpy(key, c->key, RH_SECRET_LEN);
+	id = c->id;
+	pthread_mutex_unlock(&c->mu);
+	/* lane id, stream count and side are fixed once the lane exists */
+	rc = rh_fmac_init(f, key, id, l->id, stream, l->nstreams, nonce_open, nonce_acc, l->opener);
+	memset(key, 0, sizeof(key));
+	return rc;
 }
 
 void rh_core_lane_error(struct rh_lane *l, int err)

@@ -34,6 +34,7 @@
 #include "wire.h"
 
 struct rh_conn;
+struct rh_fmac;
 
 #define RH_MAX_LANES 32 /* lanes per connection, over its lifetime */
 
@@ -140,6 +141,12 @@ int rh_core_probe_hello(struct rh_conn *c, uint64_t cookie, struct rh_hello *h, 
 bool rh_core_probe_answer(const struct rh_hdr *hdr, const struct rh_hello *in,
 			  struct rh_hello *reply);
 bool rh_core_probe_check(struct rh_conn *c, uint64_t cookie, const struct rh_hello *reply);
+/* The frame MACs of stream `stream` of the lane (byte-stream transports, after its hello
+ * exchange: before the stream's first frame either way): f keyed from the connection secret
+ * and the stream nonces of the opener's hello and of the acceptor's reply (auth.h,
+ * rh_fmac_init). 0 or -errno; release with rh_fmac_free(). */
+int rh_core_frame_key(struct rh_lane *lane, int stream, const uint8_t *nonce_open,
+		      const uint8_t *nonce_acc, struct rh_fmac *f);
 /* A stream of the lane finished its handshake; reply is the peer's hello (opener side) or
  * NULL (accepting side). */
 void rh_core_stream_ready(struct rh_lane *lane, const struct rh_hello *reply);

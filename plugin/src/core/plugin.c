@@ -74,8 +74,8 @@ static int start_locked(void)
 		}
 	}
 	if (rh_param.CHECKSUM) {
-		INFO_ENV("RAILHOP_CHECKSUM=1: a CRC32C (%s) of every DATA chunk sent on TCP lanes",
-			 rh_crc32c_impl());
+		INFO_ENV("RAILHOP_CHECKSUM=1: a keyed payload MAC (GMAC) on every DATA frame of "
+			 "TCP lanes, required from the peer");
 	}
 	rc = rh_health_start_ticker();
 	if (rc < 0) {

@@ -119,7 +119,7 @@ static int get_nic(const uint8_t *b, size_t len, struct rh_peer_nic *n)
 	return 12 + b[11];
 }
 
-#define RH_HELLO_FIXED 76 /* magic .. mac; then the NIC count and the NICs */
+#define RH_HELLO_FIXED 93 /* magic .. mac, stream nonce, flags; then the NIC count, the NICs */
 
 int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 {
@@ -140,6 +140,8 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 	put16(b + 26, (uint16_t)h->dst_nic);
 	memcpy(b + 28, h->nonce, RH_NONCE_LEN);
 	memcpy(b + 28 + RH_NONCE_LEN, h->mac, RH_MAC_LEN);
+	memcpy(b + 28 + RH_NONCE_LEN + RH_MAC_LEN, h->snonce, RH_NONCE_LEN);
+	b[RH_HELLO_FIXED - 1] = h->flags;
 	b[o++] = (uint8_t)h->nnics;
 	for (int i = 0; i < h->nnics; i++) {
 		int r = put_nic(&h->nics[i], b + o, cap - o);
@@ -170,6 +172,8 @@ int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
 	h->dst_nic = (int16_t)get16(b + 26);
 	memcpy(h->nonce, b + 28, RH_NONCE_LEN);
 	memcpy(h->mac, b + 28 + RH_NONCE_LEN, RH_MAC_LEN);
+	memcpy(h->snonce, b + 28 + RH_NONCE_LEN + RH_MAC_LEN, RH_NONCE_LEN);
+	h->flags = b[RH_HELLO_FIXED - 1];
 	h->nnics = b[RH_HELLO_FIXED];
 	if (h->kind < RH_HELLO_CONN || h->kind > RH_HELLO_PROBE || h->nnics > RH_MAX_NICS ||
 	    h->stream >= h->nstreams + (h->kind == RH_HELLO_PROBE)) {

@@ -2,10 +2,14 @@
 /*
  * Wire formats (pure encode/decode, little-endian, unit-tested):
  *  - the 48-byte frame header every lane frame starts with: type, slot, flags, payload length,
- *    connection id, epoch, aux, message seq, offset, total size. It carries NO magic and no
- *    MAC: a frame is trusted because the lane it arrives on proved the connection secret at
- *    its handshake, and every DATA frame is checked against the receive the receiver itself
- *    posted (core/conn.c); a frame that disagrees fails the lane it came on;
+ *    connection id, epoch, aux, message seq, offset, total size. It carries no magic; on a
+ *    byte-stream lane (TCP) every frame after the hello is followed by a 16-byte tag (auth.h,
+ *    struct rh_fmac: a truncated HMAC-SHA256 under the stream's key over a direction byte, the
+ *    implicit per-direction frame counter, the header and a control frame's payload), and a
+ *    DATA frame with RH_FLAG_PMAC by a second 16-byte tag (the payload's GMAC), then the
+ *    payload: hdr | tag | [payload tag] | payload. Beyond that, every DATA frame is checked
+ *    against the receive the receiver itself posted (core/conn.c); a frame that fails either
+ *    check fails the lane it came on;
  *  - control payloads: clear-to-send (CTS), RESUME (receiver's completion record), FAILREQ;
  *  - the lane handshake (HELLO / HELLO_ACK): the protocol magic, a nonce and an HMAC-SHA256
  *    (keyed by the connection secret) proving that the opener, and in the reply the acceptor,
@@ -27,13 +31,13 @@
 #define RH_HDR_LEN 48
 /* In every connect handle and lane handshake (not in frame headers). Bumped when the wire
  * protocol changes, so ranks running different plugin builds fail at connect with a clear
- * message instead of misreading each other. "RHH3": handles carry the connection secret and
- * hellos a nonce and a MAC; DATA frames may carry a CRC32C (RH_FLAG_CRC). */
-#define RH_MAGIC 0x33484852u /* "RHH3" */
+ * message instead of misreading each other. "RHH4": handles carry the connection secret,
+ * hellos a nonce, a stream nonce and a MAC, and frames after the hello a tag (above). */
+#define RH_MAGIC 0x34484852u /* "RHH4" */
 #define RH_SECRET_LEN 16 /* per-listener (so per-connection) secret, only in the handle */
 #define RH_NONCE_LEN 16
 #define RH_MAC_LEN 32 /* HMAC-SHA256 */
-#define RH_FLAG_CRC 1u /* DATA: aux holds the CRC32C (Castagnoli) of the payload */
+#define RH_FLAG_PMAC 1u /* DATA: a payload tag follows the header tag (RAILHOP_CHECKSUM=1) */
 #define RH_MAX_RECVS 8
 #define RH_RING 64 /* > NCCL_NET_MAX_REQUESTS outstanding receives */
 #define RH_CTRL_MAX 16384
@@ -43,7 +47,7 @@
 
 enum rh_ftype {
 	RH_F_DATA = 1, /* seq/slot/off/len chunk of a message of total bytes; payload follows;
-			* flags RH_FLAG_CRC: aux = CRC32C of the payload */
+			* flags RH_FLAG_PMAC: the payload carries a GMAC */
 	RH_F_CTS = 2, /* receiver posted receive seq: aux = n, payload = n x (tag, size) */
 	RH_F_ACK = 3, /* receiver completed (seq, slot) with total bytes */
 	RH_F_RESUME = 4, /* receiver's completion record after a failover (epoch = new epoch;
@@ -99,6 +103,10 @@ enum rh_hello_kind {
 	RH_HELLO_PROBE = 3, /* health probe: answered and closed */
 };
 
+/* This side wants a payload MAC on every DATA frame it receives (RAILHOP_CHECKSUM=1): its peer
+ * adds one to the DATA frames it sends on the stream whatever its own setting. */
+#define RH_HELLO_F_PMAC 1u
+
 struct rh_hello {
 	uint8_t kind;
 	uint8_t from_sender; /* the opener is the data sender of the connection */
@@ -113,6 +121,11 @@ struct rh_hello {
 	 * to HELLO_LANE: zero. */
 	uint8_t nonce[RH_NONCE_LEN];
 	uint8_t mac[RH_MAC_LEN]; /* see rh_hello_mac_input(); zero in probes */
+	/* Fresh per stream (request: the opener's; reply: the acceptor's): with the connection
+	 * secret they key the stream's frame MACs (auth.h, rh_fmac_init), so no two streams, nor
+	 * two attempts of one, share a key. Under the MAC. */
+	uint8_t snonce[RH_NONCE_LEN];
+	uint8_t flags; /* RH_HELLO_F_*; under the MAC */
 	int nnics;
 	struct rh_peer_nic nics[RH_MAX_NICS];
 };

@@ -186,7 +186,7 @@ static struct tcp_stream *dial(int lnic, uint32_t ip, uint16_t port, enum tcp_ki
 		*err = -ENOMEM;
 		return NULL;
 	}
-	s->txbuf = malloc(TCP_CTRL_CAP);
+	s->txbuf = malloc(TCP_TXBUF_CAP);
 	if (!s->txbuf) {
 		close(fd);
 		free(s);
@@ -235,6 +235,7 @@ static int tcp_open(struct rh_lane *lane, const struct rh_hello *hello, uint64_t
 		s->conn = lane->conn;
 		rh_core_conn_get(lane->conn);
 		s->idx = i;
+		memcpy(s->snonce, h.snonce, RH_NONCE_LEN); /* keys the stream's frame MACs */
 		tl->st.s[i] = s;
 		tl->st.live++;
 		if ((err = tcp_stream_add(s)) < 0) {

@@ -4,7 +4,10 @@
  * NIC address and SO_BINDTODEVICE), served by a pool of epoll I/O workers. Frames are written
  * with one sendmsg (header + payload from user memory); DATA payloads are received straight
  * into the posted buffer at the chunk's offset (no extra copy). Progress for stall detection is
- * the kernel's acknowledged byte count (TCP_INFO).
+ * the kernel's acknowledged byte count (TCP_INFO). After its hello exchange every stream's
+ * frames carry tags (core/wire.h, core/auth.h struct rh_fmac): a frame whose tag does not
+ * check fails the lane (one WARN) before anything of it is acted on; DATA payloads with
+ * RAILHOP_CHECKSUM=1 carry a GMAC, checked before the chunk counts as placed.
  *
  * tcp.c: sockets, listeners, dialing, the lane_ops table (tcp_lane_ops); tcp_io.c: the epoll
  * workers (each stream's frame state machine, handshakes, reaping); tcp_guard.c: the listeners'
@@ -29,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../core/fmac.h"
 #include "../log.h"
 #include "../param.h"
 #include "lanes.h"
@@ -38,6 +42,9 @@
 #define TCP_RX_BUDGET (8u << 20)
 #define TCP_SCRATCH (256u << 10)
 #define TCP_CTRL_CAP (2 * (RH_HDR_LEN + RH_CTRL_MAX))
+/* A control batch with a tag after every header (each frame is at least a header long). */
+#define TCP_TXBUF_CAP (TCP_CTRL_CAP + (TCP_CTRL_CAP / RH_HDR_LEN + 1) * RH_TAG_LEN)
+#define TCP_HDR_MAX (RH_HDR_LEN + 2 * RH_TAG_LEN) /* header, its tag, a payload tag */
 #define TCP_HELLO_MAX 4096
 
 /*
@@ -94,9 +101,16 @@ struct tcp_stream {
 	bool reap;
 	bool in_list;
 	bool rx_more; /* budget ran out: read again */
+	/* frame MACs (after the hello exchange: fm_on) */
+	struct rh_fmac fm;
+	bool fm_on;
+	bool pay_tx; /* our DATA frames carry a payload MAC (ours or the peer's hello asks) */
+	uint8_t snonce[RH_NONCE_LEN]; /* opener: our hello's stream nonce */
 	/* receive */
-	uint8_t rxh[RH_HDR_LEN];
+	uint8_t rxh[TCP_HDR_MAX];
 	size_t rxh_got;
+	size_t rxh_want; /* 0: the header and its tag; else the payload tag too */
+	bool pay_mac; /* the DATA frame being received carries a payload tag */
 	struct rh_hdr h;
 	bool in_payload;
 	char *dst;
@@ -108,11 +122,14 @@ struct tcp_stream {
 	bool tx_data;
 	bool tx_core; /* the control batch came from rh_core_next_tx */
 	bool eof;
-	uint8_t txh[RH_HDR_LEN];
+	uint8_t txh[TCP_HDR_MAX];
+	size_t txh_len; /* header bytes of the DATA frame (0: not sealed yet) */
 	const char *txp;
 	size_t txp_len;
-	uint8_t *txbuf; /* control frames / hello */
+	uint8_t *txbuf; /* control frames (tagged) / hello */
 	size_t txbuf_len;
+	uint8_t *ctlbuf; /* the core's control batch, before tagging */
+	size_t ctl_len; /* its length (rh_core_ctrl_written) */
 	size_t tx_off;
 	/* stall detection (conn lock) */
 	uint64_t last_acked;

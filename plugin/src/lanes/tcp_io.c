@@ -6,6 +6,18 @@
  */
 #include "tcp.h"
 
+/* A frame of the peer that fails its MAC check: one WARN, and the lane fails (failover). */
+static void stream_fail(struct tcp_stream *s, int err);
+
+static void mac_fail(struct tcp_stream *s, const char *what)
+{
+	WARN("conn %016llx lane %u stream %d: %s (frame %llu from the peer, type %u): a forged, "
+	     "replayed or corrupted frame; failing the lane",
+	     (unsigned long long)rh_core_conn_id(s->conn), s->lane->id, s->idx, what,
+	     (unsigned long long)s->fm.pay_ctr, s->h.type);
+	stream_fail(s, -EBADMSG);
+}
+
 static void stream_fail(struct tcp_stream *s, int err)
 {
 	if (s->failed) {
@@ -47,7 +59,7 @@ static void stream_reap(struct tcp_stream *s)
 	epoll_ctl(s->w->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	if (s->tx_core && s->lane) {
 		s->tx_core = false;
-		rh_core_ctrl_written(s->lane, s->txbuf_len);
+		rh_core_ctrl_written(s->lane, s->ctl_len);
 	}
 	if (s->in_payload && s->counted && s->lane) {
 		s->counted = false;
@@ -58,8 +70,12 @@ static void stream_reap(struct tcp_stream *s)
 		rh_core_stream_detach(c, s->lane, s->idx, s, NULL);
 	}
 	close(s->fd);
+	if (s->fm_on) {
+		rh_fmac_free(&s->fm);
+	}
 	free(s->rxbuf);
 	free(s->txbuf);
+	free(s->ctlbuf);
 	free(s);
 }
 
@@ -76,7 +92,7 @@ static void on_accept_hello(struct tcp_stream *s)
 		s->reap = true; /* evicted while its hello arrived, or a bad hello */
 		return;
 	}
-	if (!s->txbuf && !(s->txbuf = malloc(TCP_CTRL_CAP))) {
+	if (!s->txbuf && !(s->txbuf = malloc(TCP_TXBUF_CAP))) {
 		s->reap = true;
 		return;
 	}
@@ -101,6 +117,12 @@ static void on_accept_hello(struct tcp_stream *s)
 		s->conn = lane->conn; /* reference taken by rh_core_hello */
 		s->idx = in.stream;
 		s->kind = K_LANE;
+		if (rh_core_frame_key(lane, in.stream, in.snonce, reply.snonce, &s->fm) < 0) {
+			stream_fail(s, -EIO);
+			return;
+		}
+		s->fm_on = true;
+		s->pay_tx = rh_param.CHECKSUM || (in.flags & RH_HELLO_F_PMAC);
 	}
 	len = rh_hello_put(&reply, s->txbuf + RH_HDR_LEN, TCP_HELLO_MAX);
 	h.len = (uint32_t)len;
@@ -132,6 +154,12 @@ static void ofi_on_hello_ack(struct tcp_stream *s)
 		s->reap = true;
 		return;
 	}
+	if (rh_core_frame_key(s->lane, s->idx, s->snonce, reply.snonce, &s->fm) < 0) {
+		stream_fail(s, -EIO);
+		return;
+	}
+	s->fm_on = true;
+	s->pay_tx = rh_param.CHECKSUM || (reply.flags & RH_HELLO_F_PMAC);
 	s->state = ST_READY;
 	rh_core_stream_ready(s->lane, &reply);
 }
@@ -160,9 +188,16 @@ static void on_frame(struct tcp_stream *s)
 		}
 		if (s->h.type == RH_F_DATA) {
 			bool counted = s->counted;
+			bool ok = !s->pay_mac ||
+				  rh_fmac_pay_end(&s->fm, s->rxh + RH_HDR_LEN + RH_TAG_LEN);
 
 			s->counted = false;
-			rh_core_rx_data_done(s->lane, &s->h, counted, true);
+			rh_core_rx_data_done(s->lane, &s->h, counted, ok);
+			if (!ok) {
+				mac_fail(s, "DATA payload failed its MAC check");
+			}
+		} else if (!rh_fmac_open(&s->fm, s->rxh, s->rxbuf, s->h.len, s->rxh + RH_HDR_LEN)) {
+			mac_fail(s, "control frame failed its MAC check");
 		} else {
 			rh_core_rx_ctrl(s->lane, &s->h, s->rxbuf);
 		}
@@ -185,7 +220,11 @@ static void do_rx(struct tcp_stream *s)
 			return;
 		}
 		if (!s->in_payload) {
-			n = recv(s->fd, s->rxh + s->rxh_got, RH_HDR_LEN - s->rxh_got, 0);
+			size_t want = s->rxh_want ? s->rxh_want :
+				      s->fm_on	  ? RH_HDR_LEN + RH_TAG_LEN :
+						    RH_HDR_LEN;
+
+			n = recv(s->fd, s->rxh + s->rxh_got, want - s->rxh_got, 0);
 			if (n == 0 && s->rxh_got == 0) {
 				stream_eof(s);
 				return;
@@ -198,21 +237,45 @@ static void do_rx(struct tcp_stream *s)
 				goto io_end;
 			}
 			s->rxh_got += (size_t)n;
-			if (s->rxh_got < RH_HDR_LEN) {
+			if (s->rxh_got < want) {
 				continue;
 			}
-			s->rxh_got = 0;
-			if (rh_hdr_get(s->rxh, &s->h) < 0) {
-				stream_fail(s, -EPROTO);
-				return;
+			if (!s->rxh_want) {
+				if (rh_hdr_get(s->rxh, &s->h) < 0) {
+					stream_fail(s, -EPROTO);
+					return;
+				}
+				if (s->fm_on && s->h.type == RH_F_DATA &&
+				    (s->h.flags & RH_FLAG_PMAC)) {
+					s->rxh_want = TCP_HDR_MAX; /* and its payload tag */
+					continue;
+				}
 			}
+			s->rxh_got = 0;
+			s->rxh_want = 0;
 			s->in_payload = true;
+			s->pay_mac = false;
 			s->pay_got = 0;
 			s->dst = NULL;
 			s->counted = false;
 			if (s->h.type == RH_F_DATA) {
-				if (s->state != ST_READY || s->kind != K_LANE) {
+				if (s->state != ST_READY || s->kind != K_LANE || !s->fm_on) {
 					stream_fail(s, -EPROTO);
+					return;
+				}
+				/* nothing of a DATA frame is taken before its header checks */
+				if (!rh_fmac_open(&s->fm, s->rxh, NULL, 0, s->rxh + RH_HDR_LEN)) {
+					mac_fail(s, "DATA header failed its MAC check");
+					return;
+				}
+				if (rh_fmac_pay_policy(&s->h, rh_param.CHECKSUM) < 0) {
+					mac_fail(s, "DATA frame without the payload MAC that "
+						    "RAILHOP_CHECKSUM=1 requires");
+					return;
+				}
+				s->pay_mac = s->h.flags & RH_FLAG_PMAC;
+				if (s->pay_mac && rh_fmac_pay_begin(&s->fm) < 0) {
+					stream_fail(s, -EIO);
 					return;
 				}
 				s->dst = rh_core_rx_data(s->lane, &s->h, &s->counted);
@@ -228,11 +291,23 @@ static void do_rx(struct tcp_stream *s)
 				n = recv(s->fd, s->rxbuf + s->pay_got, want, 0);
 			} else if (s->dst && rh_core_io_enter(s->conn)) {
 				n = recv(s->fd, s->dst + s->pay_got, want, 0);
+				if (n > 0 && s->pay_mac &&
+				    rh_fmac_pay_update(&s->fm, s->dst + s->pay_got, (size_t)n) <
+					    0) {
+					s->pay_mac = false; /* cannot check: refuse the chunk */
+					n = -1;
+					errno = EIO;
+				}
 				rh_core_io_exit(s->conn);
 			} else {
 				s->dst = NULL;
 				n = recv(s->fd, s->w->scratch,
 					 want < TCP_SCRATCH ? want : TCP_SCRATCH, 0);
+				if (n > 0 && s->pay_mac &&
+				    rh_fmac_pay_update(&s->fm, s->w->scratch, (size_t)n) < 0) {
+					n = -1;
+					errno = EIO;
+				}
 			}
 			if (n == 0) {
 				stream_fail(s, -ECONNRESET);
@@ -268,6 +343,61 @@ io_end:
 	stream_fail(s, -ECONNRESET);
 }
 
+/* Tag the core's control batch (ctlbuf) into txbuf: every frame's header, its tag (over the
+ * header and the frame's payload), its payload. */
+static int seal_ctrl(struct tcp_stream *s)
+{
+	size_t i = 0, o = 0;
+
+	while (i + RH_HDR_LEN <= s->ctl_len) {
+		struct rh_hdr h;
+		size_t len;
+
+		if (rh_hdr_get(s->ctlbuf + i, &h) < 0 || h.len > s->ctl_len - i - RH_HDR_LEN) {
+			return -EPROTO;
+		}
+		len = h.len;
+		memcpy(s->txbuf + o, s->ctlbuf + i, RH_HDR_LEN);
+		if (rh_fmac_seal(&s->fm, s->ctlbuf + i, s->ctlbuf + i + RH_HDR_LEN, len,
+				 s->txbuf + o + RH_HDR_LEN) < 0) {
+			return -EIO;
+		}
+		memcpy(s->txbuf + o + RH_HDR_LEN + RH_TAG_LEN, s->ctlbuf + i + RH_HDR_LEN, len);
+		i += RH_HDR_LEN + len;
+		o += RH_HDR_LEN + RH_TAG_LEN + len;
+	}
+	s->txbuf_len = o;
+	return i == s->ctl_len ? 0 : -EPROTO;
+}
+
+/* Tag the DATA frame in txh (header, header tag, the payload's tag when RAILHOP_CHECKSUM=1
+ * here or the peer's hello asked for it):
+ * -ECONNABORTED when the connection is closing (its memory must not be read). */
+static int seal_data(struct tcp_stream *s)
+{
+	size_t hl = RH_HDR_LEN + RH_TAG_LEN;
+
+	if (s->pay_tx) {
+		int rc;
+
+		s->txh[2] |= RH_FLAG_PMAC; /* flags, little-endian: under the header's tag */
+		if (!rh_core_io_enter(s->conn)) {
+			return -ECONNABORTED;
+		}
+		rc = rh_fmac_pay_seal(&s->fm, s->txp, s->txp_len, s->txh + hl);
+		rh_core_io_exit(s->conn);
+		if (rc < 0) {
+			return rc;
+		}
+		hl += RH_TAG_LEN;
+	}
+	if (rh_fmac_seal(&s->fm, s->txh, NULL, 0, s->txh + RH_HDR_LEN) < 0) {
+		return -EIO;
+	}
+	s->txh_len = hl;
+	return 0;
+}
+
 static void do_tx(struct tcp_stream *s)
 {
 	while (!s->reap && !atomic_load(&s->dead)) {
@@ -283,11 +413,13 @@ static void do_tx(struct tcp_stream *s)
 			if (s->state != ST_READY || s->kind != K_LANE) {
 				return;
 			}
-			if (!s->txbuf && !(s->txbuf = malloc(TCP_CTRL_CAP))) {
+			if ((!s->txbuf && !(s->txbuf = malloc(TCP_TXBUF_CAP))) ||
+			    (!s->ctlbuf && !(s->ctlbuf = malloc(TCP_CTRL_CAP)))) {
 				stream_fail(s, -ENOMEM);
 				return;
 			}
-			if (rh_core_next_tx(s->lane, s->idx, s->txbuf, TCP_CTRL_CAP, &tx) <= 0) {
+			if (!s->fm_on ||
+			    rh_core_next_tx(s->lane, s->idx, s->ctlbuf, TCP_CTRL_CAP, &tx) <= 0) {
 				return;
 			}
 			s->tx_active = true;
@@ -295,23 +427,39 @@ static void do_tx(struct tcp_stream *s)
 			s->tx_data = tx.is_data;
 			if (tx.is_data) {
 				memcpy(s->txh, tx.hdr, RH_HDR_LEN);
+				s->txh_len = 0;
 				s->txp = tx.payload;
 				s->txp_len = tx.len;
 			} else {
-				s->txbuf_len = tx.ctrl_len;
+				s->ctl_len = tx.ctrl_len;
 				s->tx_core = true;
+				if (seal_ctrl(s) < 0) {
+					stream_fail(s, -EIO);
+					return;
+				}
+			}
+		}
+		if (s->tx_data && !s->txh_len) {
+			int rc = seal_data(s);
+
+			if (rc == -ECONNABORTED) {
+				return; /* closing: the lane is being fenced */
+			}
+			if (rc < 0) {
+				stream_fail(s, rc);
+				return;
 			}
 		}
 		if (s->tx_data) {
-			total = RH_HDR_LEN + s->txp_len;
-			if (s->tx_off < RH_HDR_LEN) {
+			total = s->txh_len + s->txp_len;
+			if (s->tx_off < s->txh_len) {
 				iov[0].iov_base = s->txh + s->tx_off;
-				iov[0].iov_len = RH_HDR_LEN - s->tx_off;
+				iov[0].iov_len = s->txh_len - s->tx_off;
 				iov[1].iov_base = (void *)s->txp;
 				iov[1].iov_len = s->txp_len;
 				msg.msg_iovlen = s->txp_len ? 2 : 1;
 			} else {
-				iov[0].iov_base = (void *)(s->txp + (s->tx_off - RH_HDR_LEN));
+				iov[0].iov_base = (void *)(s->txp + (s->tx_off - s->txh_len));
 				iov[0].iov_len = total - s->tx_off;
 				msg.msg_iovlen = 1;
 			}
@@ -343,7 +491,7 @@ static void do_tx(struct tcp_stream *s)
 		s->tx_active = false;
 		if (s->tx_core) {
 			s->tx_core = false;
-			rh_core_ctrl_written(s->lane, s->txbuf_len);
+			rh_core_ctrl_written(s->lane, s->ctl_len);
 		}
 		if (s->state == ST_CONNECTING || s->state == ST_HELLO_WAIT) {
 			s->state = ST_HELLO_WAIT; /* hello written: wait for the answer */
@@ -375,7 +523,7 @@ static void drain_ctrl(struct tcp_stream *s)
 	}
 	if (s->tx_core) {
 		s->tx_core = false;
-		rh_core_ctrl_written(s->lane, s->txbuf_len);
+		rh_core_ctrl_written(s->lane, s->ctl_len);
 	}
 }
 
