@@ -8,9 +8,10 @@ VENV=${RAILHOP_VENV:-.venv}
 # bcc's Python module (python3-bpfcc) is what the agent uses: no bpfcc-tools. pyverbs and the
 # ctypes verbs path need libibverbs1 (from python3-pyverbs/rdma-core) only: nothing compiles
 # against libibverbs, so no libibverbs-dev.
+# iptables: the hostile-peer suite puts an in-path proxy into a live lane with nat rules in a netns.
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
 	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
-	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
+	iproute2 iptables iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
 	systemd)
 # the chart's alert rules (promtool, from Debian's prometheus package: tests/unit/test_alerts.py)
 # and the image (`make image`: scripts/build-image.sh builds a Debian rootfs with mmdebstrap and
