@@ -299,9 +299,11 @@ def test_client_slots_are_per_uid() -> None:
             assert extra.recv(10) == b""
             assert cp.counters.clients_refused_by_uid[os.getuid()] == 1
             # another uid: its own slots
+            # the interpreter itself, not the venv's link to it: a checkout under /root
+            # (0700) is not reachable by uid 65534; the child needs only the stdlib
             child = subprocess.Popen(
                 [
-                    sys.executable,
+                    os.path.realpath(sys.executable),
                     "-c",
                     "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)"
                     "; s.connect(sys.argv[1]); s.recv(1)",
