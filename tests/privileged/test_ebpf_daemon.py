@@ -70,7 +70,12 @@ def agent(fab: Fabric, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[Any], 
         cap = re.search(r"ebpf\.carrier:carrier\s+(attached \(\S+\)|skipped.*)", log.read_text())
         require(
             cap is not None and cap.group(1).startswith("attached"),
-            f"eBPF carrier hook not attached: {cap.group(1) if cap else '?'}",
+            "eBPF carrier hook not attached: "
+            + (
+                cap.group(1)
+                if cap
+                else "no hook line; the agent's log ends:\n" + log.read_text()[-2000:]
+            ),
         )
         yield proc, log
     finally:
