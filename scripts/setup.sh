@@ -11,7 +11,11 @@ VENV=${RAILHOP_VENV:-.venv}
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
 	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
 	iproute2 iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
-	systemd)
+	systemd
+	# the Soft-RoCE VM lab (lab/railhop_lab/vmlab.py, tests/vm): QEMU, Debian's kernel (it builds
+	# rxe; the lab finds the newest under /boot) and its headers, the verbs user space and tools
+	qemu-system-x86 linux-image-amd64 busybox-static ibverbs-providers ibverbs-utils perftest
+	libibverbs-dev librdmacm-dev)
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "setup: must run as root (apt packages, kernel headers, netns tests)" >&2
@@ -53,9 +57,10 @@ if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q ".[dev]"
 	# the emulation lab (fabric, harness driver, scenarios, `railhop demo`): its own package,
-	# installed after the agent it drives; a node needs only the agent
+	# installed after the agent it drives; a node needs only the agent. [vm]: virtme-ng, which
+	# boots the VM lab's guests
 	echo "setup: installing railhop-lab into $VENV"
-	"$VENV/bin/pip" install -q "./lab[plot]"
+	"$VENV/bin/pip" install -q "./lab[plot,vm]"
 	touch "$stamp"
 fi
 

@@ -8,8 +8,8 @@ every file is written to a temporary name and renamed, so a reader never sees ha
 
 * ``DIR/ready`` (written once at start): ``{"pid": ..., "kernel": ...}``;
 * ``DIR/cmd/<id>.json``: a job, ``{"argv": [...], "env": {...}, "cwd": ..., "timeout": s,
-  "stdout": path or null}`` (with ``stdout`` the output goes to that file as it comes, else it is
-  collected), or ``{"kill": "<id>"}`` (SIGKILL to that job's process group);
+  "stdout": path or null, "stderr": path or null}`` (with a path the output goes to that file as
+  it comes, else it is collected), or ``{"kill": "<id>"}`` (SIGKILL to that job's process group);
 * ``DIR/res/<id>.json``: the job's end, ``{"rc": ..., "stdout": ..., "stderr": ...,
   "timed_out": bool, "error": str or null, "elapsed_s": ...}``; ``rc`` is the exit status,
   negative for a signal, null when the job could not start (``error`` says why);
@@ -20,6 +20,7 @@ Every job runs in its own process group with the timeout it was given (default 6
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -56,28 +57,28 @@ class Runner:
         with self.lock:
             proc = self.procs.get(job_id)
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def _run(self, job_id: str, job: dict[str, Any]) -> None:
         t0 = time.monotonic()
         result: dict[str, Any] = {"rc": None, "stdout": "", "stderr": "", "timed_out": False}
         result["error"] = None
-        out_file = None
+        out_file = err_file = None
         try:
             env = dict(os.environ)
             env.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
             if job.get("stdout"):
                 out_file = open(job["stdout"], "wb", buffering=0)  # noqa: SIM115
+            if job.get("stderr"):
+                err_file = open(job["stderr"], "wb", buffering=0)  # noqa: SIM115
             proc = subprocess.Popen(
                 [str(a) for a in job["argv"]],
                 env=env,
                 cwd=job.get("cwd") or "/",
                 stdin=subprocess.DEVNULL,
                 stdout=out_file if out_file is not None else subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=err_file if err_file is not None else subprocess.PIPE,
                 start_new_session=True,
             )
             with self.lock:
@@ -94,8 +95,9 @@ class Runner:
         except Exception as e:  # a job that cannot start is reported, never fatal to the runner
             result["error"] = f"{type(e).__name__}: {e}"
         finally:
-            if out_file is not None:
-                out_file.close()
+            for f in (out_file, err_file):
+                if f is not None:
+                    f.close()
             with self.lock:
                 self.procs.pop(job_id, None)
         result["elapsed_s"] = time.monotonic() - t0

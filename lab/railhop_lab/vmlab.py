@@ -67,8 +67,6 @@ STOP_TIMEOUT_S = 30.0
 KVM_PROBE_TIMEOUT_S = 60.0
 RXE_TIMEOUT_S = 60.0
 
-_VERSION_RE = re.compile(r"^vmlinuz-(\d+(?:\.\d+)*)(.*)$")
-
 
 class VmLabError(Exception):
     """Base error of the VM lab."""
@@ -78,11 +76,9 @@ class VmLabError(Exception):
 # Pure: the guest kernel, the plan, the command lines and scripts.
 
 
-def _version_key(name: str) -> tuple[tuple[int, ...], str]:
-    m = _VERSION_RE.match(name)
-    if m is None:
-        return ((), name)
-    return (tuple(int(x) for x in m.group(1).split(".")), m.group(2))
+def _version_key(name: str) -> list[int | str]:
+    """Natural order: digit runs compare as numbers (``6.1.0-57`` after ``6.1.0-9``)."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
 
 
 def find_guest_kernel(boot: Path = BOOT_DIR, modules: Path = MODULES_DIR) -> Path:
@@ -187,7 +183,7 @@ def vng_argv(
 
 def guest_setup_script(plan: VmPlan, node: int) -> str:
     """The shell script that makes a booted guest a lab node (pure; run by ``sh -e``)."""
-    lines = ["set -e", "modprobe rdma_rxe", "modprobe sch_ingress || true"]
+    lines = ["set -e", "modprobe rdma_rxe", "modprobe ib_uverbs", "modprobe rdma_ucm"]
     lines.append("modprobe cls_matchall; modprobe act_gact")
     lines.append("for s in all default; do sysctl -qw net.ipv6.conf.$s.disable_ipv6=1; done")
     for i in range(plan.nics):
@@ -389,6 +385,7 @@ class Guest:
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
         stdout: Path | None = None,
+        stderr: Path | None = None,
         cwd: str | None = None,
     ) -> GuestJob:
         job = {
@@ -396,6 +393,7 @@ class Guest:
             "env": dict(env or {}),
             "timeout": timeout,
             "stdout": str(stdout) if stdout else None,
+            "stderr": str(stderr) if stderr else None,
             "cwd": cwd,
         }
         return GuestJob(self, self.submit(job), timeout, shlex.join(argv)[:200])
@@ -464,6 +462,7 @@ def probe_kvm(kernel: Path, vng: str) -> bool:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             r = subprocess.run(
                 argv,
+                check=False,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=KVM_PROBE_TIMEOUT_S,
@@ -575,7 +574,8 @@ class VmLab:
                     "node 0's rail sockets to listen",
                 )
         for g in self.guests:
-            self._wait(lambda g=g: (g.runner_dir / "ready").exists(), deadline, f"node {g.node}")
+            ready = g.runner_dir / "ready"
+            self._wait(ready.exists, deadline, f"node {g.node}'s runner")
             g.qmp.connect()
         jobs = [
             g.start(["/bin/sh", "-ec", guest_setup_script(self.plan, g.node)], timeout=120)
