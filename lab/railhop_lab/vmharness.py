@@ -215,3 +215,26 @@ def wait_for_bytes(run: VmHarnessRun, nbytes: int, timeout: float, role: Role = 
         if not run.running():
             raise HarnessError(f"harness exited before {role} moved {nbytes} bytes")
         time.sleep(0.1)
+
+
+def wait_for_each_conn(run: VmHarnessRun, grow: int, timeout: float, role: Role = "recv") -> float:
+    """Wait until every connection of ``role`` moved ``grow`` more bytes than it had at the call
+    (a stalled connection fails this even while the others carry the total); bounded."""
+    t0 = time.monotonic()
+    prog = run.progress(role)
+    base = list(prog[-1].per_conn) if prog else []
+    while True:
+        prog = run.progress(role)
+        now = list(prog[-1].per_conn) if prog else []
+        if len(now) == run.cfg.conns and all(
+            b - (base[i] if i < len(base) else 0) >= grow for i, b in enumerate(now)
+        ):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise HarnessError(
+                f"{role}: not every connection moved {grow} more bytes within {timeout} s "
+                f"(per connection: {base} -> {now})"
+            )
+        if not run.running():
+            raise HarnessError(f"harness exited before every {role} connection moved {grow}")
+        time.sleep(0.1)

@@ -66,6 +66,7 @@ CMD_GRACE_S = 30.0  # on top of a job's own timeout: the runner polls, 9p is slo
 STOP_TIMEOUT_S = 30.0
 KVM_PROBE_TIMEOUT_S = 60.0
 RXE_TIMEOUT_S = 60.0
+KEEP_ENV = "RAILHOP_VMLAB_KEEP"  # a directory: close() copies the lab's files there first
 
 
 class VmLabError(Exception):
@@ -651,6 +652,12 @@ class VmLab:
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, old)
         _live.discard(self)
+        keep = os.environ.get(KEEP_ENV)
+        if keep:  # the consoles, runner results and harness logs, for a post-mortem
+            with contextlib.suppress(OSError):
+                dest = Path(keep) / self.workdir.name
+                shutil.copytree(self.workdir, dest, ignore=shutil.ignore_patterns("*.sock"))
+                print(f"vmlab: kept {dest}", file=sys.stderr)
         self._tmp.cleanup()
 
     # -- state --------------------------------------------------------------------------------
