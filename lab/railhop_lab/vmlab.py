@@ -519,6 +519,7 @@ class VmLab:
         self.shared = self.workdir / "shared"
         self.guests = [Guest(n, self.workdir, self.shared) for n in range(nodes)]
         self._flappers: dict[tuple[int, int], tuple[threading.Thread, threading.Event]] = {}
+        self._faulted: set[int] = set()  # rails with a fault injected since their last heal
         self._closed = False
         self._old_handlers: dict[int, Any] = {}
 
@@ -638,8 +639,9 @@ class VmLab:
         for g in self.guests:
             if g.proc is None:
                 continue
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                g.proc.wait(max(0.1, deadline - time.monotonic()))
+            if (g.runner_dir / "ready").exists():  # a runner to stop; else nothing will
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    g.proc.wait(max(0.1, deadline - time.monotonic()))
             if g.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(g.proc.pid, signal.SIGKILL)
@@ -686,6 +688,8 @@ class VmLab:
     def set_link(self, node: int, nic: int, up: bool) -> None:
         """QMP ``set_link`` on ``node``'s netdev of rail ``nic`` (that guest's carrier)."""
         self.plan.nic(node, nic)
+        if not up:
+            self._faulted.add(nic)
         self.guests[node].qmp.execute("set_link", name=self.plan.links[nic].netdev, up=up)
 
     def carrier_down(self, node: int, nic: int, end: End = "local") -> None:
@@ -697,6 +701,7 @@ class VmLab:
 
     def blackhole(self, node: int, nic: int) -> None:
         """Drop everything on ``node``'s NIC both ways, carrier up on both ends."""
+        self._faulted.add(nic)
         self.guests[node].sh(blackhole_script(self.plan.nic(node, nic).ifname), timeout=60)
 
     def flap(self, node: int, nic: int, hz: float, duration: float) -> None:
@@ -704,6 +709,7 @@ class VmLab:
         if not (0 < hz <= 50 and 0 < duration <= 600):
             raise VmLabError(f"flap hz={hz} duration={duration}: want 0<hz<=50, 0<duration<=600")
         self._stop_flap(node, nic)
+        self._faulted.add(nic)
         stop = threading.Event()
 
         def body() -> None:
@@ -735,7 +741,9 @@ class VmLab:
             self.guests[n].sh(unblackhole_script(self.plan.nic(n, nic).ifname), timeout=60)
         for n in range(self.plan.nodes):
             self.wait_ports(n, {nic: "ACTIVE"}, timeout)
+        self._faulted.discard(nic)
 
     def heal_all(self) -> None:
-        for i in range(self.nics):
+        """Heal every rail a fault was injected on since its last heal."""
+        for i in sorted(self._faulted):
             self.heal(i)
