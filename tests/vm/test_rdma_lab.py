@@ -33,7 +33,9 @@ from railhop_lab.vmlab import (
     find_vng,
 )
 
-pytestmark = [pytest.mark.privileged, pytest.mark.vm]
+# emulated guests on shared cores: the boot (in the first test's set-up) and the ofi runs take
+# minutes under load, past the suite's 300 s default; every wait inside has its own bound
+pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
 PINGPONG_PORT = 18515
