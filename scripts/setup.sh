@@ -7,12 +7,16 @@ cd "$(dirname "$0")/.."
 VENV=${RAILHOP_VENV:-.venv}
 # bcc's Python module (python3-bpfcc) is what the agent uses: no bpfcc-tools. pyverbs and the
 # ctypes verbs path need libibverbs1 (from python3-pyverbs/rdma-core) only: nothing compiles
-# against libibverbs, so no libibverbs-dev.
+# against libibverbs for the agent (the lab list below has libibverbs-dev, as the issue asks).
 # iptables: the hostile-peer suite puts an in-path proxy into a live lane with nat rules in a netns.
 APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
 	python3-bpfcc python3-pyverbs rdma-core systemtap-sdt-dev
 	iproute2 iptables iperf3 libfabric-dev libfabric-bin libssl-dev linux-headers-amd64 clang-format
-	systemd)
+	systemd
+	# the Soft-RoCE VM lab (lab/railhop_lab/vmlab.py, tests/vm): QEMU, Debian's kernel (it builds
+	# rxe; the lab finds the newest under /boot) and its headers, the verbs user space and tools
+	qemu-system-x86 linux-image-amd64 busybox-static ibverbs-providers ibverbs-utils perftest
+	libibverbs-dev librdmacm-dev)
 # the chart's alert rules (promtool, from Debian's prometheus package: tests/unit/test_alerts.py)
 # and the image (`make image`: scripts/build-image.sh builds a Debian rootfs with mmdebstrap and
 # imports it with podman; runc runs it in tests/image, where crun refuses hybrid cgroup hosts)
@@ -58,9 +62,10 @@ if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q ".[dev]"
 	# the emulation lab (fabric, harness driver, scenarios, `railhop demo`): its own package,
-	# installed after the agent it drives; a node needs only the agent
+	# installed after the agent it drives; a node needs only the agent. [vm]: virtme-ng, which
+	# boots the VM lab's guests
 	echo "setup: installing railhop-lab into $VENV"
-	"$VENV/bin/pip" install -q "./lab[plot]"
+	"$VENV/bin/pip" install -q "./lab[plot,vm]"
 	touch "$stamp"
 fi
 

@@ -14,8 +14,8 @@ static void test_imm_roundtrip(void)
 	struct ofi_imm out;
 	uint64_t v;
 
-	EXPECT_EQ(ofi_imm_encode(&in, &v), 0);
-	ofi_imm_decode(v, &out);
+	EXPECT_EQ(ofi_imm_encode(&ofi_imm_wide, &in, &v), 0);
+	ofi_imm_decode(&ofi_imm_wide, v, &out);
 	EXPECT_EQ(out.seq, 0x123456789ull & ((1u << OFI_IMM_SEQ_BITS) - 1));
 	EXPECT_EQ(out.slot, 5);
 	EXPECT_EQ(out.chunk, 1000);
@@ -25,21 +25,60 @@ static void test_imm_roundtrip(void)
 			       .slot = RH_MAX_RECVS - 1,
 			       .chunk = (1ull << OFI_IMM_CHUNK_BITS) - 1,
 			       .epoch = UINT32_MAX };
-	EXPECT_EQ(ofi_imm_encode(&in, &v), 0);
+	EXPECT_EQ(ofi_imm_encode(&ofi_imm_wide, &in, &v), 0);
 	EXPECT_EQ(v, UINT64_MAX);
-	ofi_imm_decode(v, &out);
+	ofi_imm_decode(&ofi_imm_wide, v, &out);
 	EXPECT_EQ(out.slot, RH_MAX_RECVS - 1);
 	EXPECT_EQ(out.chunk, (1ull << OFI_IMM_CHUNK_BITS) - 1);
 	/* out of range */
 	in.slot = RH_MAX_RECVS;
-	EXPECT_EQ(ofi_imm_encode(&in, &v), -ERANGE);
+	EXPECT_EQ(ofi_imm_encode(&ofi_imm_wide, &in, &v), -ERANGE);
 	in.slot = 0;
 	in.chunk = 1ull << OFI_IMM_CHUNK_BITS;
-	EXPECT_EQ(ofi_imm_encode(&in, &v), -ERANGE);
+	EXPECT_EQ(ofi_imm_encode(&ofi_imm_wide, &in, &v), -ERANGE);
 	/* bits add up to 64 */
 	EXPECT_EQ(OFI_IMM_SEQ_BITS + OFI_IMM_SLOT_BITS + OFI_IMM_CHUNK_BITS + OFI_IMM_EPOCH_BITS,
 		  64);
 	EXPECT_EQ(1u << OFI_IMM_SLOT_BITS, RH_MAX_RECVS);
+}
+
+/* verbs carries 32 bits of immediate data: the narrow layout fits them, the epoch included (the
+ * wide layout's epoch sits in bits 48-63, which verbs drops: every write then decoded as epoch
+ * 0, and after a resume the receiver dropped every write as stale) */
+static void test_imm_narrow(void)
+{
+	const struct ofi_imm_layout *l = &ofi_imm_narrow;
+	struct ofi_imm in = { .seq = UINT64_MAX,
+			      .slot = RH_MAX_RECVS - 1,
+			      .chunk = (1ull << l->chunk) - 1,
+			      .epoch = UINT32_MAX };
+	struct ofi_imm out;
+	uint64_t v;
+
+	EXPECT_EQ(l->seq + l->slot + l->chunk + l->epoch, 32);
+	EXPECT_EQ(1u << l->slot, RH_MAX_RECVS);
+	EXPECT(ofi_imm_layout_for(4) == l);
+	EXPECT(ofi_imm_layout_for(8) == &ofi_imm_wide);
+	EXPECT(ofi_imm_layout_for(2) == NULL);
+	EXPECT_EQ(ofi_imm_encode(l, &in, &v), 0);
+	EXPECT_EQ(v, UINT32_MAX);
+	/* a write of resume epoch 2, chunk 700, through a 32-bit immediate */
+	in = (struct ofi_imm){ .seq = 4242, .slot = 3, .chunk = 700, .epoch = 2 };
+	EXPECT_EQ(ofi_imm_encode(l, &in, &v), 0);
+	ofi_imm_decode(l, v & UINT32_MAX, &out);
+	EXPECT_EQ(out.seq, 4242 & ((1u << l->seq) - 1));
+	EXPECT_EQ(out.slot, 3);
+	EXPECT_EQ(out.chunk, 700);
+	EXPECT_EQ(ofi_expand(out.epoch, l->epoch, 2), 2);
+	EXPECT_EQ(ofi_expand(out.epoch, l->epoch, 3), 2); /* the receiver a resume ahead */
+	/* the wide layout through the same 32 bits loses the epoch and the chunk's high bits */
+	EXPECT_EQ(ofi_imm_encode(&ofi_imm_wide, &in, &v), 0);
+	ofi_imm_decode(&ofi_imm_wide, v & UINT32_MAX, &out);
+	EXPECT_EQ(out.epoch, 0);
+	EXPECT(out.chunk != 700);
+	/* a chunk index past 14 bits does not fit */
+	in.chunk = 1ull << l->chunk;
+	EXPECT_EQ(ofi_imm_encode(l, &in, &v), -ERANGE);
 }
 
 static void test_expand(void)
@@ -181,11 +220,11 @@ static void test_adverts(void)
 }
 
 /* The receiver turns a write completion back into a DATA header. */
-static void test_receiver_records(void)
+static void receiver_records(const struct ofi_imm_layout *l)
 {
 	struct ofi_rrec_table *t = calloc(1, sizeof(*t));
 	char buf[64];
-	uint64_t seq = (1ull << OFI_IMM_SEQ_BITS) + 130, chunk = 4096, v;
+	uint64_t seq = (1ull << l->seq) + 130, chunk = 4096, v;
 	struct ofi_rrec *r = &t->e[seq % RH_RING][1];
 	struct ofi_imm im = { .seq = seq, .slot = 1, .chunk = 2, .epoch = 3 }, d;
 	struct rh_hdr h;
@@ -196,10 +235,10 @@ static void test_receiver_records(void)
 	r->buf = buf;
 	r->epoch = 3;
 	r->state = OFI_RREC_ADVERTISED;
-	EXPECT_EQ(ofi_imm_encode(&im, &v), 0);
-	ofi_imm_decode(v, &d);
-	EXPECT(ofi_rrec_find(t, &d) == r);
-	EXPECT_EQ(ofi_rrec_hdr(r, &d, chunk, 3, 0xabc, &h), 0);
+	EXPECT_EQ(ofi_imm_encode(l, &im, &v), 0);
+	ofi_imm_decode(l, v, &d);
+	EXPECT(ofi_rrec_find(l, t, &d) == r);
+	EXPECT_EQ(ofi_rrec_hdr(l, r, &d, chunk, 3, 0xabc, &h), 0);
 	EXPECT_EQ(h.type, RH_F_DATA);
 	EXPECT_EQ(h.seq, seq);
 	EXPECT_EQ(h.slot, 1);
@@ -209,25 +248,31 @@ static void test_receiver_records(void)
 	EXPECT_EQ(h.epoch, 3);
 	EXPECT_EQ(h.conn_id, 0xabc);
 	/* the epoch is expanded against the receiver's (it may be ahead by a few) */
-	EXPECT_EQ(ofi_rrec_hdr(r, &d, chunk, 5, 0xabc, &h), 0);
+	EXPECT_EQ(ofi_rrec_hdr(l, r, &d, chunk, 5, 0xabc, &h), 0);
 	EXPECT_EQ(h.epoch, 3);
 	/* a chunk past the message is a protocol error */
 	d.chunk = 3;
-	EXPECT_EQ(ofi_rrec_hdr(r, &d, chunk, 3, 0xabc, &h), -EPROTO);
+	EXPECT_EQ(ofi_rrec_hdr(l, r, &d, chunk, 3, 0xabc, &h), -EPROTO);
 	/* a message larger than the buffer is too */
 	d.chunk = 2;
 	r->size = 9000;
-	EXPECT_EQ(ofi_rrec_hdr(r, &d, chunk, 3, 0xabc, &h), -EPROTO);
+	EXPECT_EQ(ofi_rrec_hdr(l, r, &d, chunk, 3, 0xabc, &h), -EPROTO);
 	/* unknown advert: another seq in the same ring slot, another slot, not advertised */
-	d.seq = (seq + RH_RING) & ((1u << OFI_IMM_SEQ_BITS) - 1);
-	EXPECT(ofi_rrec_find(t, &d) == NULL);
-	d.seq = seq & ((1u << OFI_IMM_SEQ_BITS) - 1);
+	d.seq = (seq + RH_RING) & ((1ull << l->seq) - 1);
+	EXPECT(ofi_rrec_find(l, t, &d) == NULL);
+	d.seq = seq & ((1ull << l->seq) - 1);
 	d.slot = 2;
-	EXPECT(ofi_rrec_find(t, &d) == NULL);
+	EXPECT(ofi_rrec_find(l, t, &d) == NULL);
 	d.slot = 1;
 	r->state = OFI_RREC_PENDING;
-	EXPECT(ofi_rrec_find(t, &d) == NULL);
+	EXPECT(ofi_rrec_find(l, t, &d) == NULL);
 	free(t);
+}
+
+static void test_receiver_records(void)
+{
+	receiver_records(&ofi_imm_wide);
+	receiver_records(&ofi_imm_narrow);
 }
 
 /* Requests for one receive arrive on any endpoint of the lane, so out of order: one issued
@@ -301,6 +346,7 @@ static void test_rcache(void)
 int main(void)
 {
 	test_imm_roundtrip();
+	test_imm_narrow();
 	test_expand();
 	test_messages();
 	test_adverts();

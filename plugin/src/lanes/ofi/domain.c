@@ -131,6 +131,13 @@ int ofi_dom_open(int nic)
 	}
 	d->mr_mode = d->info->domain_attr->mr_mode;
 	d->rx_cq_data = d->info->mode & FI_RX_CQ_DATA;
+	d->imm = ofi_imm_layout_for(d->info->domain_attr->cq_data_size);
+	if (!d->imm) {
+		WARN("ofi: the %s domain %s carries %zu bytes of CQ data, the lane needs 4",
+		     d->info->fabric_attr->prov_name, d->info->domain_attr->name,
+		     d->info->domain_attr->cq_data_size);
+		return -ENOTSUP;
+	}
 	pthread_mutex_init(&d->rc_mu, NULL);
 	d->next_key = 1;
 	rc = ofi_lf_fabric(d->info->fabric_attr, &d->fabric, NULL);

@@ -62,12 +62,12 @@ void ofi_on_write(struct ofi_ep *e, uint64_t imm)
 	if (!ol || rh_core_conn_is_send(c)) {
 		return;
 	}
-	ofi_imm_decode(imm, &im);
-	r = ofi_rrec_find(&ol->rrec, &im);
+	ofi_imm_decode(e->d->imm, imm, &im);
+	r = ofi_rrec_find(e->d->imm, &ol->rrec, &im);
 	ofi_ep_touch(e, 0);
 	if (!r) {
 		uint32_t ep =
-			(uint32_t)ofi_expand(im.epoch, OFI_IMM_EPOCH_BITS, rh_core_conn_epoch(c));
+			(uint32_t)ofi_expand(im.epoch, e->d->imm->epoch, rh_core_conn_epoch(c));
 		uint32_t min = rh_core_conn_rx_min_epoch(c);
 
 		if (ep >= min) {
@@ -85,8 +85,8 @@ void ofi_on_write(struct ofi_ep *e, uint64_t imm)
 		      ep, min, (unsigned long long)im.seq, im.slot);
 		return;
 	}
-	if (ofi_rrec_hdr(r, &im, rh_core_conn_chunk(c), rh_core_conn_epoch(c), rh_core_conn_id(c),
-			 &h) < 0) {
+	if (ofi_rrec_hdr(e->d->imm, r, &im, rh_core_conn_chunk(c), rh_core_conn_epoch(c),
+			 rh_core_conn_id(c), &h) < 0) {
 		ofi_ep_fail(e, -EPROTO, "write outside its advert");
 		return;
 	}
@@ -295,7 +295,7 @@ static int post_write(struct ofi_ep *e, struct ofi_lane *ol, struct ofi_wr *w)
 
 	err = ofi_adv_target(&ol->adv, w->h.seq, w->h.slot, w->h.off, w->h.len, &raddr, &key);
 	if (err == 0) {
-		err = ofi_imm_encode(&im, &imm);
+		err = ofi_imm_encode(e->d->imm, &im, &imm);
 	}
 	if (err < 0) {
 		WARN("ofi: chunk %llu+%u of seq %llu does not fit its advert: %s",

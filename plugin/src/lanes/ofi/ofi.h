@@ -150,6 +150,7 @@ struct ofi_dom {
 	int peq_fd;
 	uint64_t mr_mode;
 	bool rx_cq_data; /* writes with CQ data consume a posted receive (FI_RX_CQ_DATA) */
+	const struct ofi_imm_layout *imm; /* the write immediate's layout (cq_data_size) */
 	pthread_mutex_t rc_mu;
 	struct ofi_rcache rc;
 	uint64_t next_key;

@@ -10,28 +10,41 @@
 
 #define MASK(bits) ((1ull << (bits)) - 1)
 
-int ofi_imm_encode(const struct ofi_imm *im, uint64_t *out)
+const struct ofi_imm_layout ofi_imm_wide = { .seq = OFI_IMM_SEQ_BITS,
+					     .slot = OFI_IMM_SLOT_BITS,
+					     .chunk = OFI_IMM_CHUNK_BITS,
+					     .epoch = OFI_IMM_EPOCH_BITS };
+const struct ofi_imm_layout ofi_imm_narrow = { .seq = 10, .slot = 3, .chunk = 14, .epoch = 5 };
+
+const struct ofi_imm_layout *ofi_imm_layout_for(size_t cq_data_size)
+{
+	if (cq_data_size >= 8) {
+		return &ofi_imm_wide;
+	}
+	return cq_data_size >= 4 ? &ofi_imm_narrow : NULL;
+}
+
+int ofi_imm_encode(const struct ofi_imm_layout *l, const struct ofi_imm *im, uint64_t *out)
 {
 	uint64_t v;
 
-	if (im->slot >= RH_MAX_RECVS || im->chunk > MASK(OFI_IMM_CHUNK_BITS)) {
+	if (im->slot >= RH_MAX_RECVS || im->slot > MASK(l->slot) || im->chunk > MASK(l->chunk)) {
 		return -ERANGE;
 	}
-	v = im->seq & MASK(OFI_IMM_SEQ_BITS);
-	v |= (uint64_t)im->slot << OFI_IMM_SEQ_BITS;
-	v |= im->chunk << (OFI_IMM_SEQ_BITS + OFI_IMM_SLOT_BITS);
-	v |= ((uint64_t)im->epoch & MASK(OFI_IMM_EPOCH_BITS))
-	     << (OFI_IMM_SEQ_BITS + OFI_IMM_SLOT_BITS + OFI_IMM_CHUNK_BITS);
+	v = im->seq & MASK(l->seq);
+	v |= (uint64_t)im->slot << l->seq;
+	v |= im->chunk << (l->seq + l->slot);
+	v |= ((uint64_t)im->epoch & MASK(l->epoch)) << (l->seq + l->slot + l->chunk);
 	*out = v;
 	return 0;
 }
 
-void ofi_imm_decode(uint64_t v, struct ofi_imm *im)
+void ofi_imm_decode(const struct ofi_imm_layout *l, uint64_t v, struct ofi_imm *im)
 {
-	im->seq = v & MASK(OFI_IMM_SEQ_BITS);
-	im->slot = (uint32_t)((v >> OFI_IMM_SEQ_BITS) & MASK(OFI_IMM_SLOT_BITS));
-	im->chunk = (v >> (OFI_IMM_SEQ_BITS + OFI_IMM_SLOT_BITS)) & MASK(OFI_IMM_CHUNK_BITS);
-	im->epoch = (uint32_t)(v >> (OFI_IMM_SEQ_BITS + OFI_IMM_SLOT_BITS + OFI_IMM_CHUNK_BITS));
+	im->seq = v & MASK(l->seq);
+	im->slot = (uint32_t)((v >> l->seq) & MASK(l->slot));
+	im->chunk = (v >> (l->seq + l->slot)) & MASK(l->chunk);
+	im->epoch = (uint32_t)((v >> (l->seq + l->slot + l->chunk)) & MASK(l->epoch));
 }
 
 static uint64_t dist(uint64_t a, uint64_t b)
@@ -296,7 +309,8 @@ bool ofi_rrec_take(const struct ofi_rrec *r, const struct ofi_adv_req *q)
 	return r->state == OFI_RREC_NONE || r->seq != q->seq || q->epoch >= r->epoch;
 }
 
-struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *im)
+struct ofi_rrec *ofi_rrec_find(const struct ofi_imm_layout *l, struct ofi_rrec_table *t,
+			       const struct ofi_imm *im)
 {
 	struct ofi_rrec *r;
 
@@ -304,14 +318,14 @@ struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *i
 		return NULL;
 	}
 	r = &t->e[im->seq % RH_RING][im->slot];
-	if (r->state != OFI_RREC_ADVERTISED || (r->seq & MASK(OFI_IMM_SEQ_BITS)) != im->seq) {
+	if (r->state != OFI_RREC_ADVERTISED || (r->seq & MASK(l->seq)) != im->seq) {
 		return NULL;
 	}
 	return r;
 }
 
-int ofi_rrec_hdr(const struct ofi_rrec *r, const struct ofi_imm *im, uint64_t chunk,
-		 uint32_t ref_epoch, uint64_t conn_id, struct rh_hdr *h)
+int ofi_rrec_hdr(const struct ofi_imm_layout *l, const struct ofi_rrec *r, const struct ofi_imm *im,
+		 uint64_t chunk, uint32_t ref_epoch, uint64_t conn_id, struct rh_hdr *h)
 {
 	uint64_t off, len;
 
@@ -323,7 +337,7 @@ int ofi_rrec_hdr(const struct ofi_rrec *r, const struct ofi_imm *im, uint64_t ch
 	h->slot = (uint8_t)im->slot;
 	h->len = (uint32_t)len;
 	h->conn_id = conn_id;
-	h->epoch = (uint32_t)ofi_expand(im->epoch, OFI_IMM_EPOCH_BITS, ref_epoch);
+	h->epoch = (uint32_t)ofi_expand(im->epoch, l->epoch, ref_epoch);
 	h->seq = r->seq;
 	h->off = off;
 	h->total = r->total;

@@ -23,21 +23,36 @@
 
 #include "../../core/wire.h"
 
+/* The immediate data of a write: which advert (seq, slot), which chunk, which epoch. Its
+ * layout follows the provider's CQ data size (fi_domain_attr.cq_data_size): 8 bytes (tcp) take
+ * the wide layout; 4 bytes (verbs: the 32-bit immediate of an RDMA write) the narrow one,
+ * whose fields are shorter (seq and epoch are expanded against a reference on receipt, so
+ * only their low bits travel; a message has at most 2^14 chunks). */
 #define OFI_IMM_SEQ_BITS 20
 #define OFI_IMM_SLOT_BITS 3
 #define OFI_IMM_CHUNK_BITS 25
 #define OFI_IMM_EPOCH_BITS 16
 
+struct ofi_imm_layout {
+	uint8_t seq, slot, chunk, epoch; /* bits, low to high */
+};
+
+extern const struct ofi_imm_layout ofi_imm_wide; /* 20/3/25/16: 8 bytes of CQ data */
+extern const struct ofi_imm_layout ofi_imm_narrow; /* 10/3/14/5: 4 bytes of CQ data */
+
+/* The layout that fits cq_data_size bytes; NULL below 4. */
+const struct ofi_imm_layout *ofi_imm_layout_for(size_t cq_data_size);
+
 struct ofi_imm {
-	uint64_t seq; /* full on encode; low OFI_IMM_SEQ_BITS after decode */
+	uint64_t seq; /* full on encode; low l->seq bits after decode */
 	uint32_t slot;
 	uint64_t chunk; /* chunk index within the message */
-	uint32_t epoch; /* full on encode; low OFI_IMM_EPOCH_BITS after decode */
+	uint32_t epoch; /* full on encode; low l->epoch bits after decode */
 };
 
 /* -ERANGE when the slot or the chunk index does not fit. */
-int ofi_imm_encode(const struct ofi_imm *im, uint64_t *out);
-void ofi_imm_decode(uint64_t v, struct ofi_imm *im);
+int ofi_imm_encode(const struct ofi_imm_layout *l, const struct ofi_imm *im, uint64_t *out);
+void ofi_imm_decode(const struct ofi_imm_layout *l, uint64_t v, struct ofi_imm *im);
 /* The value whose low `bits` bits are lo that is nearest to ref (ties: the lower one). */
 uint64_t ofi_expand(uint64_t lo, int bits, uint64_t ref);
 
@@ -166,12 +181,13 @@ struct ofi_rrec_table {
  * ignores answers older than its request, so the old one needs none. */
 bool ofi_rrec_take(const struct ofi_rrec *r, const struct ofi_adv_req *q);
 /* The record a write with immediate im (decoded, truncated) belongs to, or NULL. */
-struct ofi_rrec *ofi_rrec_find(struct ofi_rrec_table *t, const struct ofi_imm *im);
+struct ofi_rrec *ofi_rrec_find(const struct ofi_imm_layout *l, struct ofi_rrec_table *t,
+			       const struct ofi_imm *im);
 /* Rebuild the DATA frame header of a completed write: off/len from the chunk index and the
  * sender's total, full seq from the record, full epoch from ref_epoch. -EPROTO when the chunk
  * is outside the message or the buffer. */
-int ofi_rrec_hdr(const struct ofi_rrec *r, const struct ofi_imm *im, uint64_t chunk,
-		 uint32_t ref_epoch, uint64_t conn_id, struct rh_hdr *h);
+int ofi_rrec_hdr(const struct ofi_imm_layout *l, const struct ofi_rrec *r, const struct ofi_imm *im,
+		 uint64_t chunk, uint32_t ref_epoch, uint64_t conn_id, struct rh_hdr *h);
 
 /* The fence gate (see fence.c): adverts of resume epoch min_epoch may be given once every open
  * endpoint of the connection has passed the sender's marker for it and no fenced endpoint is
