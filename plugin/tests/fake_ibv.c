@@ -349,13 +349,19 @@ static int f_query_gid(struct ibv_context *ctx, uint8_t port, int index, union i
 static int f_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
 	(void)ctx;
-	(void)ev;
-	return -1;
+	if (fake.nevents == 0) {
+		errno = EAGAIN; /* a non-blocking async_fd with nothing pending */
+		return -1;
+	}
+	*ev = fake.events[0];
+	memmove(fake.events, fake.events + 1, sizeof(fake.events[0]) * (size_t)--fake.nevents);
+	return 0;
 }
 
 static void f_ack_async_event(struct ibv_async_event *ev)
 {
 	(void)ev;
+	fake.nacked++;
 }
 
 static const char *f_wc_status_str(enum ibv_wc_status st)

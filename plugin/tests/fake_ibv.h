@@ -42,6 +42,8 @@ struct fake_ibv {
 	enum ibv_wc_status next_status;
 	int status_left;
 	enum ibv_qp_state fail_to; /* a modify into this state fails with EINVAL (0: none) */
+	struct ibv_async_event events[8]; /* pending async events, in order */
+	int nevents, nacked;
 	struct fake_wr_log log[FAKE_WR_LOG];
 	int nlog;
 };

@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include "../src/lanes/verbs/verbs.h"
+#include "../src/param.h"
 #include "check.h"
 #include "fake_ibv.h"
 
@@ -63,6 +64,35 @@ static void test_real_library(void)
 	EXPECT(verbs_ib.create_qp != fake_ibv_fns.create_qp);
 	verbs_ib_unload();
 	EXPECT(verbs_ib.create_qp == NULL);
+}
+
+static void test_params(void)
+{
+	struct verbs_qp_params p;
+
+	unsetenv("RAILHOP_IB_TIMEOUT");
+	unsetenv("RAILHOP_IB_RETRY_CNT");
+	EXPECT_EQ(rh_params_load(), 0);
+	verbs_qp_params_init(&p, 1, 3, IBV_MTU_1024, 32);
+	EXPECT_EQ(p.timeout, 20); /* NCCL's defaults */
+	EXPECT_EQ(p.retry_cnt, 7);
+	EXPECT_EQ(p.rnr_retry, 7);
+	EXPECT_EQ(p.max_send_wr, 32);
+	EXPECT_EQ(p.gid_index, 3);
+	setenv("RAILHOP_IB_TIMEOUT", "14", 1);
+	setenv("RAILHOP_IB_RETRY_CNT", "3", 1);
+	EXPECT_EQ(rh_params_load(), 0);
+	verbs_qp_params_init(&p, 1, 3, IBV_MTU_1024, 32);
+	EXPECT_EQ(p.timeout, 14);
+	EXPECT_EQ(p.retry_cnt, 3);
+	setenv("RAILHOP_IB_RETRY_CNT", "8", 1); /* a QP has 3 bits for it */
+	EXPECT(rh_params_load() < 0);
+	setenv("RAILHOP_IB_RETRY_CNT", "7", 1);
+	setenv("RAILHOP_IB_TIMEOUT", "0", 1);
+	EXPECT(rh_params_load() < 0);
+	unsetenv("RAILHOP_IB_TIMEOUT");
+	unsetenv("RAILHOP_IB_RETRY_CNT");
+	EXPECT_EQ(rh_params_load(), 0);
 }
 
 static void test_shim(void)
@@ -238,6 +268,40 @@ static void test_error_completion(void)
 	EXPECT_EQ(fake.nqp_live, 0);
 }
 
+static void test_async_events(void)
+{
+	struct verbs_qp_params p = params();
+	struct verbs_async a;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+
+	fake_ibv_reset();
+	cq = verbs_ib.create_cq(&fake.ctx, 16, NULL, NULL, 0);
+	qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT_EQ(verbs_async_read(&fake.ctx, &a), -EAGAIN);
+	fake.events[0] =
+		(struct ibv_async_event){ .element.qp = qp, .event_type = IBV_EVENT_QP_FATAL };
+	fake.events[1] =
+		(struct ibv_async_event){ .element.port_num = 1, .event_type = IBV_EVENT_PORT_ERR };
+	fake.events[2] = (struct ibv_async_event){ .element.port_num = 1,
+						   .event_type = IBV_EVENT_PORT_ACTIVE };
+	fake.nevents = 3;
+	EXPECT_EQ(verbs_async_read(&fake.ctx, &a), 0);
+	EXPECT_EQ(a.type, IBV_EVENT_QP_FATAL);
+	EXPECT_EQ(a.qp_num, qp->qp_num);
+	EXPECT_EQ(a.v.scope, VERBS_FAIL_LANE);
+	EXPECT_EQ(verbs_async_read(&fake.ctx, &a), 0);
+	EXPECT_EQ(a.port, 1);
+	EXPECT_EQ(a.v.scope, VERBS_FAIL_NIC);
+	EXPECT_EQ(a.v.err, -ENETDOWN);
+	EXPECT_EQ(verbs_async_read(&fake.ctx, &a), 0);
+	EXPECT_EQ(a.v.scope, VERBS_NIC_UP);
+	EXPECT_EQ(verbs_async_read(&fake.ctx, &a), -EAGAIN);
+	EXPECT_EQ(fake.nacked, 3); /* every event acknowledged (destroying its QP waits for it) */
+	verbs_ib.destroy_qp(qp);
+	verbs_ib.destroy_cq(cq);
+}
+
 static void test_mr_cache(void)
 {
 	static char buf[3 * 4096] __attribute__((aligned(4096)));
@@ -330,11 +394,13 @@ static void test_gid_index(void)
 
 int main(void)
 {
+	test_params();
 	test_real_library();
 	fake_ibv_reset();
 	test_shim();
 	test_connect();
 	test_error_completion();
+	test_async_events();
 	test_mr_cache();
 	test_gid_index();
 	verbs_ib_use(NULL);

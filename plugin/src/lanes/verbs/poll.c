@@ -39,3 +39,40 @@ int verbs_cq_drain(struct ibv_cq *cq, int max, verbs_wc_fn fn, void *arg,
 	}
 	return total;
 }
+
+int verbs_async_read(struct ibv_context *ctx, struct verbs_async *out)
+{
+	struct ibv_async_event ev;
+
+	if (verbs_ib.get_async_event(ctx, &ev)) {
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == 0 ? -EAGAIN : -errno;
+	}
+	out->type = ev.event_type;
+	out->qp_num = 0;
+	out->port = 0;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp_num = ev.element.qp ? ev.element.qp->qp_num : 0;
+		break;
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_GID_CHANGE:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+		out->port = ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	out->v = verbs_async_verdict(ev.event_type);
+	verbs_ib.ack_async_event(&ev);
+	return 0;
+}

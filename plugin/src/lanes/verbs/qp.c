@@ -8,7 +8,22 @@
 #include <string.h>
 
 #include "../../log.h"
+#include "../../param.h"
 #include "verbs.h"
+
+void verbs_qp_params_init(struct verbs_qp_params *p, uint8_t port, int gid_index, enum ibv_mtu mtu,
+			  uint32_t depth)
+{
+	memset(p, 0, sizeof(*p));
+	p->port = port;
+	p->gid_index = gid_index;
+	p->mtu = mtu;
+	p->timeout = (uint8_t)rh_param.IB_TIMEOUT;
+	p->retry_cnt = (uint8_t)rh_param.IB_RETRY_CNT;
+	p->rnr_retry = 7;
+	p->max_send_wr = depth;
+	p->max_recv_wr = depth;
+}
 
 struct ibv_qp *verbs_qp_create(struct ibv_pd *pd, struct ibv_cq *cq,
 			       const struct verbs_qp_params *p)

@@ -48,6 +48,11 @@ struct verbs_qp_params {
 	uint32_t max_send_wr, max_recv_wr;
 };
 
+/* The parameters of a queue pair on port `port` whose source GID is gid_index and whose path MTU
+ * is at most mtu (the port's active MTU): timeout and retry count from RAILHOP_IB_TIMEOUT /
+ * RAILHOP_IB_RETRY_CNT (rh_param), unlimited RNR retries, `depth` work requests each way. */
+void verbs_qp_params_init(struct verbs_qp_params *p, uint8_t port, int gid_index, enum ibv_mtu mtu,
+			  uint32_t depth);
 /* An RC queue pair on pd with both work queues on cq (RESET state). NULL with errno set. */
 struct ibv_qp *verbs_qp_create(struct ibv_pd *pd, struct ibv_cq *cq,
 			       const struct verbs_qp_params *p);
@@ -76,6 +81,18 @@ typedef void (*verbs_wc_fn)(void *arg, const struct ibv_wc *wc);
  * and only counted). Returns the completions read (>= 0), or -EIO when polling failed. */
 int verbs_cq_drain(struct ibv_cq *cq, int max, verbs_wc_fn fn, void *arg,
 		   struct verbs_poll_fail *fail, int *nfail);
+
+/* One asynchronous event of a device, read and acknowledged. */
+struct verbs_async {
+	int type; /* enum ibv_event_type */
+	uint32_t qp_num; /* queue pair events */
+	int port; /* port events */
+	struct verbs_verdict v;
+};
+
+/* Read one pending asynchronous event of ctx (the lane's I/O thread makes ctx->async_fd
+ * non-blocking and polls it) and acknowledge it. 0, or -EAGAIN when none is pending. */
+int verbs_async_read(struct ibv_context *ctx, struct verbs_async *out);
 
 /* --- mr.c --- */
 
