@@ -17,11 +17,13 @@
  * acknowledges the round. A failed completion ends the side that sees it with its verdict
  * (exit 3); the receiver ends, exit 0, after IDLE_S seconds without a completion once at least
  * one round was received (a sender that lost the path cannot say goodbye over it). One JSON
- * line on stdout; "round N" progress lines on stderr.
+ * line on stdout, with the device's async events read at the end (verbs_async_read: type,
+ * verdict); "round N" progress lines on stderr.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -96,6 +98,10 @@ static int open_dev(struct side *s, uint32_t ip)
 	}
 	if (!s->ctx) {
 		return -ENODEV;
+	}
+	/* async events are read (verbs_async_read) when the run ends, never waited for */
+	if (fcntl(s->ctx->async_fd, F_SETFL, fcntl(s->ctx->async_fd, F_GETFL) | O_NONBLOCK)) {
+		return -errno;
 	}
 	memset(&pa, 0, sizeof(pa));
 	if (verbs_ib.query_port(s->ctx, 1, &pa)) {
@@ -202,15 +208,36 @@ static int exchange(struct side *s, struct peer_msg *peer)
 	return rc;
 }
 
-static void print_fail(const char *role, const struct verbs_poll_fail *f, uint64_t rounds,
-		       double since_ok_ms)
+/* The device's pending async events as a JSON list (type, scope, err, port, qp_num). */
+static const char *async_json(struct side *s)
+{
+	static char out[1024];
+	struct verbs_async a;
+	size_t n = 0;
+
+	n += (size_t)snprintf(out + n, sizeof(out) - n, "[");
+	for (int i = 0; i < 8 && verbs_async_read(s->ctx, &a) == 0; i++) {
+		n += (size_t)snprintf(out + n, sizeof(out) - n,
+				      "%s{\"type\": %d, \"scope\": %d, \"err\": %d, \"port\": %d, "
+				      "\"qp_num\": %u}",
+				      i ? ", " : "", a.type, a.v.scope, a.v.err, a.port, a.qp_num);
+		if (n >= sizeof(out) - 2) {
+			break;
+		}
+	}
+	snprintf(out + n, sizeof(out) - n, "]");
+	return out;
+}
+
+static void print_fail(struct side *s, const char *role, const struct verbs_poll_fail *f,
+		       uint64_t rounds, double since_ok_ms)
 {
 	printf("{\"role\": \"%s\", \"rounds\": %llu, \"fail\": {\"status\": %d, "
 	       "\"status_str\": \"%s\", \"scope\": %d, \"err\": %d, \"why\": \"%s\", "
-	       "\"qp_num\": %u, \"ms_since_last_ok\": %.1f}}\n",
+	       "\"qp_num\": %u, \"ms_since_last_ok\": %.1f}, \"async\": %s}\n",
 	       role, (unsigned long long)rounds, f->status,
 	       verbs_ib.wc_status_str((enum ibv_wc_status)f->status), f->v.scope, f->v.err,
-	       f->v.why, f->qp_num, since_ok_ms);
+	       f->v.why, f->qp_num, since_ok_ms, async_json(s));
 }
 
 struct rx_state {
@@ -275,7 +302,7 @@ static int run_recv(struct side *s, uint64_t rounds, int idle_s)
 			return fail_out("recv", "completion", n < 0 ? n : -EPROTO);
 		}
 		if (nfail) {
-			print_fail("recv", &f, st.round, (now_s() - last) * 1e3);
+			print_fail(s, "recv", &f, st.round, (now_s() - last) * 1e3);
 			return 3;
 		}
 		if (st.got > before) {
@@ -302,9 +329,9 @@ static int run_recv(struct side *s, uint64_t rounds, int idle_s)
 		}
 	}
 	printf("{\"role\": \"recv\", \"rounds\": %llu, \"bad_bytes\": %llu, \"partial\": %llu, "
-	       "\"gid_index\": %d, \"mtu\": %d}\n",
+	       "\"gid_index\": %d, \"mtu\": %d, \"async\": %s}\n",
 	       (unsigned long long)st.round, (unsigned long long)st.bad, (unsigned long long)st.got,
-	       s->p.gid_index, 128 << s->p.mtu);
+	       s->p.gid_index, 128 << s->p.mtu, async_json(s));
 	return st.bad || st.round == 0 ? 1 : 0;
 }
 
@@ -367,7 +394,7 @@ static int run_send(struct side *s, const struct peer_msg *peer, uint64_t rounds
 					return fail_out("send", "poll", n);
 				}
 				if (nfail) {
-					print_fail("send", &f, r, (now_s() - last) * 1e3);
+					print_fail(s, "send", &f, r, (now_s() - last) * 1e3);
 					return 3;
 				}
 				if (done > before) {

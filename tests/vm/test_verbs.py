@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.privileged, pytest.mark.vm]
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 IBV_WC_RETRY_EXC_ERR = 12
+IBV_EVENT_PORT_ERR = 10
 ETIMEDOUT = 110
+ENETDOWN = 100
 VERBS_FAIL_LANE = 1
+VERBS_FAIL_NIC = 2
 
 
 def verbs_check_path() -> Path:
@@ -131,7 +134,8 @@ def test_carrier_loss_fails_the_queue_pair_then_a_new_one_carries(lab: VmLab, en
     """Carrier loss at either end of rail 2 while the sender writes: the sender's queue pair
     exhausts its retries (RAILHOP_IB_TIMEOUT=18: 1.07 s a try, RAILHOP_IB_RETRY_CNT=3; 14,
     67 ms a try, failed spontaneously under the lab's emulated CPU), the
-    completion's verdict fails the lane with ETIMEDOUT, the receiver holds no bad byte; after
+    completion's verdict fails the lane with ETIMEDOUT, the receiver holds no bad byte, the side
+    that lost its carrier reads IBV_EVENT_PORT_ERR (a failure of the NIC); after
     the heal a queue pair created afresh on the rail carries checked data again."""
     nic, env = 2, {"RAILHOP_IB_TIMEOUT": "18", "RAILHOP_IB_RETRY_CNT": "3"}
     p = Pair(lab, nic=nic, port=18602, size=1 * MiB, rounds=1_000_000, idle_s=8, env=env)
@@ -149,6 +153,12 @@ def test_carrier_loss_fails_the_queue_pair_then_a_new_one_carries(lab: VmLab, en
     assert fail["status"] == IBV_WC_RETRY_EXC_ERR, fail
     assert fail["scope"] == VERBS_FAIL_LANE and fail["err"] == -ETIMEDOUT, fail
     assert rrc == 0 and got["bad_bytes"] == 0 and got["rounds"] >= 3, got
+    # the side whose NIC lost its carrier read IBV_EVENT_PORT_ERR, judged a failure of the NIC
+    seer = sent if end == "local" else got
+    port_errs = [a for a in seer["async"] if a["type"] == IBV_EVENT_PORT_ERR]
+    assert port_errs, seer
+    assert port_errs[0]["scope"] == VERBS_FAIL_NIC and port_errs[0]["err"] == -ENETDOWN, seer
+    assert port_errs[0]["port"] == 1, seer
     # 4 tries of 1.07 s on the device, plus the receiver's 8 s idle rule and the job round trip
     assert took < 60, took
     lab.heal(nic)
