@@ -92,7 +92,13 @@
 	 * refused: a chunk that does not match fails its lane and is replayed. Off by default:  \
 	 * frame headers are always MACed; this adds the payload bytes (against an in-path       \
 	 * attacker, and the hosts' buffers). */   \
-	X(CHECKSUM, int, 0, "keyed payload MAC per DATA frame: 0|1")
+	X(CHECKSUM, int, 0, "keyed payload MAC per DATA frame: 0|1")                                \
+	/* verbs queue pairs (lanes/verbs/qp.c), NCCL's NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT and \
+	 * defaults: the local ACK timeout is 4.096 us x 2^IB_TIMEOUT per try (20: ~4.3 s), a  \
+	 * request is tried 1 + IB_RETRY_CNT times before IBV_WC_RETRY_EXC_ERR. The plugin's    \
+	 * COMPLETION_TIMEOUT still detects a silent blackhole long before that. */   \
+	X(IB_TIMEOUT, int, 20, "verbs QP local ACK timeout exponent, 1..31")                        \
+	X(IB_RETRY_CNT, int, 7, "verbs QP transport retries, 0..7")
 
 struct rh_params {
 #define RH_PARAM_FIELD_int(name) int64_t name

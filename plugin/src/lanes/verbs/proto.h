@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The verbs lane's protocol, as pure functions (unit-tested in plugin/tests/test_verbs_proto.c):
+ *
+ *  - the 32-bit immediate of an RDMA write: it names an *advert* and a chunk, never a sequence
+ *    number or an epoch. The receiver gives every advert (the address and key of a posted
+ *    buffer for one (seq, slot) at one epoch, answered to the sender's request) an id from a
+ *    table of VERBS_NADV entries, and keeps the full seq, slot and epoch in the entry. An id is
+ *    given again only once no write naming its previous use can still arrive:
+ *      (a) every chunk the advert asked for has been written (each chunk is written once per
+ *          advert: the advert carries the chunks already placed, which the sender skips), or
+ *      (b) the sender's RETIRE for it arrived on the queue pair that carried its writes (RC
+ *          delivers in order: nothing the sender posted before the RETIRE follows it), or
+ *      (c) the receiver moved that queue pair to the error state (its responder drops every
+ *          later packet) when it fenced the lane.
+ *    So an immediate cannot alias across resumes, however many happen while writes are
+ *    outstanding: the ofi lane's narrow layout carries 5 bits of epoch and 10 of seq and
+ *    expands them against a reference, which aliases after 16 resumes in one write window;
+ *    here nothing is expanded. A full table holds the receiver's answer back (-EAGAIN), it
+ *    never reuses a live id;
+ *  - the queue pair's address exchanged inside the lane's authenticated hello (qpn, psn, GID,
+ *    MTU);
+ *  - the verdict on a work completion's status and on an asynchronous event: which scope fails
+ *    (nothing, the queue pair's lane, every lane of the NIC) and why.
+ */
+#ifndef RH_VERBS_PROTO_H
+#define RH_VERBS_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VERBS_IMM_ADV_BITS 12
+#define VERBS_IMM_CHUNK_BITS 20 /* 2^20 chunks: 128 GiB messages at 128 KiB chunks */
+#define VERBS_NADV (1u << VERBS_IMM_ADV_BITS)
+#define VERBS_IMM_CHUNK_MAX ((1u << VERBS_IMM_CHUNK_BITS) - 1)
+
+/* -ERANGE when adv or chunk does not fit. */
+int verbs_imm_encode(uint32_t adv, uint64_t chunk, uint32_t *imm);
+void verbs_imm_decode(uint32_t imm, uint32_t *adv, uint32_t *chunk);
+
+/* --- the receiver's advert ids --- */
+
+enum verbs_adv_state { VERBS_ADV_FREE = 0, VERBS_ADV_LIVE };
+
+struct verbs_advid {
+	uint8_t state;
+	uint32_t lane_id; /* the lane (queue pair) it was given on: writes come only there */
+	uint64_t seq;
+	int slot;
+	uint32_t epoch;
+	uint64_t want; /* chunks the sender will write against it */
+	uint64_t got; /* written so far */
+};
+
+struct verbs_adv_ids {
+	struct verbs_advid e[VERBS_NADV];
+	uint32_t next; /* round robin: a freed id rests as long as possible */
+	uint32_t nlive;
+};
+
+void verbs_adv_init(struct verbs_adv_ids *t);
+/* A fresh id for an advert of (seq, slot, epoch) on lane_id that the sender will write `want`
+ * chunks against (want >= 1). -EAGAIN when every id is live, -EINVAL when want is 0. */
+int verbs_adv_alloc(struct verbs_adv_ids *t, uint32_t lane_id, uint64_t seq, int slot,
+		    uint32_t epoch, uint64_t want);
+/* The live advert a write with id `adv` completed on lane_id belongs to; NULL when the id is not
+ * live or was given on another lane (a protocol error: the lane fails). */
+struct verbs_advid *verbs_adv_find(struct verbs_adv_ids *t, uint32_t adv, uint32_t lane_id);
+/* One write against the live id completed; true when that was its last (the id is free). */
+bool verbs_adv_written(struct verbs_adv_ids *t, uint32_t adv);
+/* The sender's RETIRE for adv arrived on lane_id: false when adv is not live there. */
+bool verbs_adv_retire(struct verbs_adv_ids *t, uint32_t adv, uint32_t lane_id);
+/* The lane's queue pair is in the error state here: every id given on it is free. Returns how
+ * many. */
+uint32_t verbs_adv_lane_fenced(struct verbs_adv_ids *t, uint32_t lane_id);
+
+/* --- the queue pair's address, inside the lane's hello --- */
+
+struct verbs_qp_info {
+	uint32_t qpn; /* 24 bits */
+	uint32_t psn; /* 24 bits */
+	uint8_t gid[16];
+	uint8_t mtu; /* enum ibv_mtu of the sender's active MTU */
+};
+
+#define VERBS_QP_INFO_LEN 25
+void verbs_qp_info_put(const struct verbs_qp_info *q, uint8_t *b);
+/* -EPROTO when short, qpn or psn above 24 bits, or mtu outside 1..5 (256..4096 bytes). */
+int verbs_qp_info_get(const uint8_t *b, size_t len, struct verbs_qp_info *q);
+
+/* --- failure signals --- */
+
+enum verbs_scope {
+	VERBS_OK = 0, /* nothing fails */
+	VERBS_FAIL_LANE, /* the lane of the queue pair */
+	VERBS_FAIL_NIC, /* every lane on the device's port */
+	VERBS_NIC_UP, /* the port came back: fail-back may probe */
+};
+
+struct verbs_verdict {
+	enum verbs_scope scope;
+	int err; /* negative errno for the core (rh_core_lane_error) */
+	const char *why;
+};
+
+/* A work completion's status (enum ibv_wc_status). */
+struct verbs_verdict verbs_wc_verdict(int status);
+/* An asynchronous event's type (enum ibv_event_type). */
+struct verbs_verdict verbs_async_verdict(int event_type);
+
+#endif
