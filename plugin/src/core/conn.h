@@ -301,6 +301,10 @@ void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* lo
 bool rh_fo_primary_alive(struct rh_conn *c); /* locked */
 /* Retired lanes not yet closed (DRAINING, no BYE sent) carry traffic again; returns how many. */
 int rh_fo_reactivate_retired(struct rh_conn *c); /* locked */
+/* Why a move found no pair (the escalation's WARN detail): the pairs held off after failing
+ * (with the ms left), the local NICs down, the re-probes done and the lanes still in flight,
+ * written to buf (always terminated); returns the length written. */
+size_t rh_fo_stuck_report(struct rh_conn *c, uint64_t now, char *buf, size_t len); /* locked */
 
 /* resume.c: the resume protocol */
 /* Receiver: a FAILREQ arrived: fence the lanes it names dead, start a new epoch, answer with
