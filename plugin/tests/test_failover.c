@@ -563,6 +563,47 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	drop_conn(c);
 }
 
+/* Nothing left after a failure: every candidate pair opens at once. Found by the completion
+ * timeout (most of the escalation budget spent), each handshake gets the probe timeout; found
+ * at once (local NIC down), the usual 2x. Soak seed 30855 (ofi, loaded CI host): the move off a
+ * NIC that went down gave the never-faulted rail 300 ms, its handshake took longer twice and
+ * the connection was given up with that rail healthy. */
+static void escalation_round_deadlines(int err, uint64_t want_ms)
+{
+	struct rh_lane *l = NULL;
+	struct rh_conn *c = ready_conn(true, &l);
+	uint64_t t0;
+	int opened = 0;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	t0 = rh_now_ms();
+	rh_fo_lane_failed(c, l, err, "test: the only lane");
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *b = c->lanes[i];
+
+		if (b->state == RH_LANE_OPENING && b->opener) {
+			opened++;
+			EXPECT(b->t_deadline_ms >= t0 + want_ms &&
+			       b->t_deadline_ms <= rh_now_ms() + want_ms);
+		}
+	}
+	EXPECT(opened >= 2); /* every other pair at once */
+	EXPECT_EQ(c->err, 0);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
+static void test_escalation_round_deadlines(void)
+{
+	escalation_round_deadlines(-ETIMEDOUT, (uint64_t)rh_param.PROBE_TIMEOUT);
+	escalation_round_deadlines(-ENETDOWN, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
+	escalation_round_deadlines(-ECONNRESET, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
+}
+
 /* The escalation's WARN detail (soak seed 30855: a never-faulted rail was given up and the log
  * could not say whether that pair was held off, never tried, or its lane timed out): the pairs
  * held off with the time left, the local NICs down, the re-probes and the lanes in flight. */
@@ -1087,7 +1128,6 @@ int main(void)
 	test_failover_standalone();
 	test_move_timing_marks();
 	test_escalation_waits_for_lanes_in_flight();
-	test_stuck_report();
 	test_ranking_ignores_stray_lane();
 	test_lost_failback_reactivates_retired_lanes();
 	test_no_lane_left_starts_a_move();
@@ -1095,5 +1135,7 @@ int main(void)
 	test_setup_retries_transient_errors();
 	test_captured_hellos();
 	test_probe_replies_prove_the_key();
+	test_stuck_report(); /* last: they fill the fake hooks' 64 event slots */
+	test_escalation_round_deadlines();
 	TEST_DONE();
 }

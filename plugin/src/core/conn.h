@@ -105,6 +105,7 @@ struct rh_fo {
 	int report_lnic, report_rnic; /* sender: a lane carrying traffic after the move */
 	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
 	int reprobes; /* rounds of pairs re-probed after all of them failed, this move */
+	bool found_late; /* the last failure was found by the completion timeout (ETIMEDOUT) */
 	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
 	int ndead;
 	uint32_t dead[RH_MAX_DEAD];

@@ -118,9 +118,15 @@ static void open_backups(struct rh_conn *c)
 	}
 	want = (int)rh_param.BACKUP_LANES;
 	if (have == 0 && c->fo.active) {
-		/* Nothing left: try every candidate pair at once, each within the probe timeout. */
+		/* Nothing left: try every candidate pair at once. A failure found by the completion
+		 * timeout has spent most of the escalation budget (timeout + 2 probe timeouts): each
+		 * handshake gets the probe timeout. One found at once (local NIC down, a reset) has
+		 * not: the usual handshake deadline, so that a healthy pair slow to answer is not
+		 * given up. Soak seed 30855 on a loaded CI host: ofi handshakes of 300-420 ms, the
+		 * never-faulted rail's lane timed out at 300 ms and its re-probe came up after 301. */
 		want = RH_PAR_PROBES;
-		deadline = (int)rh_param.PROBE_TIMEOUT;
+		deadline = c->fo.found_late ? (int)rh_param.PROBE_TIMEOUT :
+					      2 * (int)rh_param.PROBE_TIMEOUT;
 	}
 	if (want > RH_PAR_PROBES) {
 		want = RH_PAR_PROBES;
@@ -293,6 +299,7 @@ static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char
 {
 	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
 	c->fo.reprobes = 0;
+	c->fo.found_late = err == -ETIMEDOUT || err == -ESTALE;
 	if (!c->fo.active) {
 		c->fo.active = true;
 		c->fo.t_detect_ms = now;
