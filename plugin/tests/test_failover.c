@@ -563,6 +563,84 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	drop_conn(c);
 }
 
+/* Nothing left after a failure: every candidate pair opens at once. Found by the completion
+ * timeout (most of the escalation budget spent), each handshake gets the probe timeout; found
+ * at once (local NIC down), the usual 2x. Soak seed 30855 (ofi, loaded CI host): the move off a
+ * NIC that went down gave the never-faulted rail 300 ms, its handshake took longer twice and
+ * the connection was given up with that rail healthy. */
+static void escalation_round_deadlines(int err, uint64_t want_ms)
+{
+	struct rh_lane *l = NULL;
+	struct rh_conn *c = ready_conn(true, &l);
+	uint64_t t0;
+	int opened = 0;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	t0 = rh_now_ms();
+	rh_fo_lane_failed(c, l, err, "test: the only lane");
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *b = c->lanes[i];
+
+		if (b->state == RH_LANE_OPENING && b->opener) {
+			opened++;
+			EXPECT(b->t_deadline_ms >= t0 + want_ms &&
+			       b->t_deadline_ms <= rh_now_ms() + want_ms);
+		}
+	}
+	EXPECT(opened >= 2); /* every other pair at once */
+	EXPECT_EQ(c->err, 0);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
+static void test_escalation_round_deadlines(void)
+{
+	escalation_round_deadlines(-ETIMEDOUT, (uint64_t)rh_param.PROBE_TIMEOUT);
+	escalation_round_deadlines(-ENETDOWN, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
+	escalation_round_deadlines(-ECONNRESET, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
+}
+
+/* The escalation's WARN detail (soak seed 30855: a never-faulted rail was given up and the log
+ * could not say whether that pair was held off, never tried, or its lane timed out): the pairs
+ * held off with the time left, the local NICs down, the re-probes and the lanes in flight. */
+static void test_stuck_report(void)
+{
+	struct rh_lane *l = NULL;
+	struct rh_conn *c;
+	char buf[512];
+	size_t n;
+
+	rh_nic_set_health(2, false);
+	c = ready_conn(true, &l);
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		rh_nic_set_health(2, true);
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress"); /* fk0 -> 0 held off */
+	n = rh_fo_stuck_report(c, rh_now_ms(), buf, sizeof(buf));
+	EXPECT_EQ(n, strlen(buf));
+	EXPECT(strstr(buf, " 0 re-probe(s)") != NULL);
+	EXPECT(strstr(buf, "held off: fk0->0 (") != NULL);
+	EXPECT(strstr(buf, "fk1->") == NULL); /* opened, not held off */
+	EXPECT(strstr(buf, "local NICs down: fk2") != NULL);
+	EXPECT(strstr(buf, " 0 lane(s) in flight") == NULL); /* the backups are opening */
+	/* Past the hold-off nothing is listed; a short buffer is cut, still terminated. */
+	n = rh_fo_stuck_report(c, rh_now_ms() + (uint64_t)rh_param.FAILBACK_INTERVAL + 1, buf,
+			       sizeof(buf));
+	EXPECT(strstr(buf, "held off: none;") != NULL);
+	n = rh_fo_stuck_report(c, rh_now_ms(), buf, 16);
+	EXPECT(n < 16 && strlen(buf) == n);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+	rh_nic_set_health(2, true);
+}
+
 /* A lane naming NICs outside the tables (an accepted hello's indices, or a peer NIC table
  * that shrank under it) must not make ranking write outside its pair table: the replay of
  * bit-flipped lane bytes (issue 17, item 9) crashed the receiver there (ASan: stack overflow
@@ -1057,5 +1135,7 @@ int main(void)
 	test_setup_retries_transient_errors();
 	test_captured_hellos();
 	test_probe_replies_prove_the_key();
+	test_stuck_report(); /* last: they fill the fake hooks' 64 event slots */
+	test_escalation_round_deadlines();
 	TEST_DONE();
 }

@@ -105,6 +105,7 @@ struct rh_fo {
 	int report_lnic, report_rnic; /* sender: a lane carrying traffic after the move */
 	uint64_t t_escalate_ms; /* fail requests if still no usable lane by then */
 	int reprobes; /* rounds of pairs re-probed after all of them failed, this move */
+	bool found_late; /* the last failure was found by the completion timeout (ETIMEDOUT) */
 	bool notify; /* FAILREQ (sender) / RESUME (receiver) still to be sent */
 	int ndead;
 	uint32_t dead[RH_MAX_DEAD];
@@ -301,6 +302,10 @@ void rh_fo_confirm(struct rh_conn *c, struct rh_lane *l, const char *why); /* lo
 bool rh_fo_primary_alive(struct rh_conn *c); /* locked */
 /* Retired lanes not yet closed (DRAINING, no BYE sent) carry traffic again; returns how many. */
 int rh_fo_reactivate_retired(struct rh_conn *c); /* locked */
+/* Why a move found no pair (the escalation's WARN detail): the pairs held off after failing
+ * (with the ms left), the local NICs down, the re-probes done and the lanes still in flight,
+ * written to buf (always terminated); returns the length written. */
+size_t rh_fo_stuck_report(struct rh_conn *c, uint64_t now, char *buf, size_t len); /* locked */
 
 /* resume.c: the resume protocol */
 /* Receiver: a FAILREQ arrived: fence the lanes it names dead, start a new epoch, answer with
