@@ -263,6 +263,12 @@ def test_ebpf_carrier_signal_reaches_the_daemon_before_netlink(fab: Fabric, tmp_
                     assert abs(since - seen["ebpf.carrier"]) <= 1000, (since, seen)
             fab.heal(0, 2)
             until(more_ups(n_up), 5, "carrier back up")
+            # a cable pulled, not a flap: the next loss comes at least linkwatch's batching
+            # interval (1 s, HZ) after the carrier came back. A loss a few ms after the
+            # carrier-up can find the queues not yet re-activated, so dev_deactivate() resets
+            # no qdisc and the raw-tracepoint proxy sees nothing (netlink still reports it):
+            # seen here in 2 of 5 cycles whose loss followed the up by 4 ms.
+            time.sleep(1.0)
         assert both >= 4, f"the eBPF source reported only {both} of 5 losses"
         # arrival order at the daemon: the eBPF record crosses a ring buffer, a poll thread
         # and the GIL, netlink's message is read on the loop itself; eBPF leads by ~0.2 ms
