@@ -1,7 +1,6 @@
 """The Soft-RoCE VM lab (railhop_lab.vmlab): two QEMU guests, rxe on four point-to-point rails.
 
-One boot of the two guests is shared by every test of this module (a boot under emulation takes
-about a minute on two busy cores). Each test leaves the rails healed for the next. Needs root,
+One boot of the two guests (tests/vm/conftest.py) is shared by every VM test of the session. Needs root,
 QEMU, virtme-ng (``make setup``) and a Debian kernel with rxe under /boot; in CI a missing
 prerequisite fails the test instead of skipping it. The ofi-lane tests also need the plugin and
 the harness (``make ctest``).
@@ -10,17 +9,14 @@ the harness (``make ctest``).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import require, require_built
+from conftest import require_built
 from railhop_lab.harness import HarnessConfig, HarnessResult
 from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import (
@@ -28,9 +24,6 @@ from railhop_lab.vmlab import (
     End,
     GuestJob,
     VmLab,
-    VmLabError,
-    find_guest_kernel,
-    find_vng,
 )
 
 # emulated guests on shared cores: the boot (in the first test's set-up) and the ofi runs take
@@ -39,26 +32,6 @@ pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
 PINGPONG_PORT = 18515
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[VmLab]:
-    require(os.geteuid() == 0, "needs root")
-    require(shutil.which("qemu-system-x86_64") is not None, "no qemu-system-x86_64 (make setup)")
-    try:
-        find_vng()
-        find_guest_kernel()
-    except VmLabError as e:
-        require(False, str(e))
-    with VmLab(nics=4) as vm:
-        yield vm
-
-
-@pytest.fixture(autouse=True)
-def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "lab" in request.fixturenames:
-        request.getfixturevalue("lab").heal_all()
 
 
 def _listening_script(port: int) -> str:

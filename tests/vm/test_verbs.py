@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import require
-from railhop_lab.vmlab import End, GuestJob, VmLab, VmLabError, find_guest_kernel, find_vng
+from railhop_lab.vmlab import End, GuestJob, VmLab
 
-pytestmark = [pytest.mark.privileged, pytest.mark.vm]
+# the lab's boot may fall in this module's first test when it runs alone (see test_rdma_lab.py)
+pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -48,25 +47,9 @@ def verbs_check_path() -> Path:
     return p
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[VmLab]:
-    require(os.geteuid() == 0, "needs root")
-    require(shutil.which("qemu-system-x86_64") is not None, "no qemu-system-x86_64 (make setup)")
-    try:
-        find_vng()
-        find_guest_kernel()
-    except VmLabError as e:
-        require(False, str(e))
+@pytest.fixture(scope="module", autouse=True)
+def _tool() -> None:
     verbs_check_path()
-    with VmLab(nics=4) as vm:
-        yield vm
-
-
-@pytest.fixture(autouse=True)
-def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "lab" in request.fixturenames:
-        request.getfixturevalue("lab").heal_all()
 
 
 def _json(out: str, who: str) -> dict[str, Any]:
