@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from uid_client import client_argv
 
 from railhop.control import (
     Backup,
@@ -35,32 +36,6 @@ from railhop.control import (
 REPO = Path(__file__).resolve().parents[2]
 
 NOBODY = 65534
-# The children that run as other users need only the standard library: run them with the base
-# interpreter, not the checkout's .venv/bin/python, which they cannot reach when the checkout
-# lives under a directory other users cannot traverse (/root is 0700 on Debian).
-PY_ANY_USER = os.path.realpath(sys.executable)
-CHILD = r"""
-import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-try:
-    s.connect(sys.argv[1])
-except OSError as e:
-    print("refused", e.errno)
-    sys.exit(0)
-try:
-    s.send(bytes.fromhex(sys.argv[2]))
-except (BrokenPipeError, ConnectionResetError):
-    print("closed")  # the agent hung up before we could send
-    sys.exit(0)
-if sys.argv[3] == "wait":
-    s.settimeout(10)
-    try:
-        print("closed" if s.recv(10) == b"" else "data")
-    except ConnectionResetError:
-        print("closed")
-else:
-    print("sent")
-"""
 
 pytestmark = pytest.mark.privileged
 
@@ -77,12 +52,7 @@ def base() -> Iterator[Path]:
 
 async def as_nobody(sock: Path, payload: bytes, mode: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        PY_ANY_USER,
-        "-c",
-        CHILD,
-        str(sock),
-        payload.hex(),
-        mode,
+        *client_argv(sock, payload, mode),
         user=NOBODY,
         group=NOBODY,
         stdout=asyncio.subprocess.PIPE,
@@ -185,20 +155,7 @@ def test_two_users_jobs_side_by_side(base: Path) -> None:
 
     async def as_user(uid: int, gid_: int, sock: Path, payload: bytes, n: int = 1) -> str:
         proc = await asyncio.create_subprocess_exec(
-            PY_ANY_USER,
-            "-c",
-            "import socket, sys\n"
-            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-            "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n"
-            "    print('refused', e.errno); sys.exit(0)\n"
-            "d = bytes.fromhex(sys.argv[2])\n"
-            "for _ in range(int(sys.argv[3])):\n    s.send(d)\n"
-            "s.settimeout(10)\n"
-            "try:\n    print('closed' if s.recv(10) == b'' else 'data')\n"
-            "except (ConnectionResetError, TimeoutError):\n    print('sent')\n",
-            str(sock),
-            payload.hex(),
-            str(n),
+            *client_argv(sock, payload, "linger", count=n),
             user=uid,
             group=gid_,
             stdout=asyncio.subprocess.PIPE,

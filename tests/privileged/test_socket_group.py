@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from uid_client import PY_ANY_USER, client_argv
 
 from railhop.control import EventType, LaneEvent, encode_event
 from railhop.control.server import peer_cred, peer_groups
@@ -30,27 +31,6 @@ DGX = REPO / "tests" / "fixtures" / "sys" / "dgx-h100"
 JOB_UID = 65533
 JOB_GID = 65533
 SOCKET_GID = 4243
-# only the standard library: the base interpreter, which any uid can run
-PY_ANY_USER = os.path.realpath(sys.executable)
-# connects, sends one LANE_UP, then holds the connection until stdin closes (or the agent
-# closes it: prints "closed")
-CHILD = r"""
-import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-try:
-    s.connect(sys.argv[1])
-except OSError as e:
-    print("refused", e.errno, flush=True)
-    sys.exit(0)
-s.send(bytes.fromhex(sys.argv[2]))
-print("connected", flush=True)
-s.settimeout(60)
-try:
-    print("closed" if s.recv(10) == b"" else "data", flush=True)
-except (ConnectionResetError, TimeoutError):
-    print("closed", flush=True)
-"""
-
 pytestmark = pytest.mark.privileged
 
 
@@ -82,7 +62,7 @@ def status(run: Path) -> dict[str, object] | None:
 def job(sock: Path, groups: list[int], nic: str) -> subprocess.Popen[str]:
     ev = LaneEvent(EventType.LANE_UP, pid=1, nic=nic, conn_id=7, t_ns=time.monotonic_ns())
     return subprocess.Popen(
-        [PY_ANY_USER, "-c", CHILD, str(sock), encode_event(ev).hex()],
+        client_argv(sock, encode_event(ev), "hold", wait_s=60),
         user=JOB_UID,
         group=JOB_GID,
         extra_groups=groups,
