@@ -7,10 +7,15 @@ skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, ne
 from __future__ import annotations
 
 import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from railhop_lab.vmlab import VmLab
 
 
 def in_ci() -> bool:
@@ -51,3 +56,28 @@ def until(cond: Callable[[], object], timeout: float, what: str, poll: float = 0
     while not cond():
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
         time.sleep(poll)
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[VmLab]:
+    """The Soft-RoCE VM lab (tests/vm): one boot of the two guests, shared by every VM test of the
+    session (a boot under emulation takes about a minute on two busy cores); each test leaves the
+    rails healed for the next (``_healed``)."""
+    from railhop_lab.vmlab import VmLab, VmLabError, find_guest_kernel, find_vng
+
+    require(os.geteuid() == 0, "needs root")
+    require(shutil.which("qemu-system-x86_64") is not None, "no qemu-system-x86_64 (make setup)")
+    try:
+        find_vng()
+        find_guest_kernel()
+    except VmLabError as e:
+        require(False, str(e))
+    with VmLab(nics=4) as vm:
+        yield vm
+
+
+@pytest.fixture(autouse=True)
+def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "lab" in request.fixturenames:
+        request.getfixturevalue("lab").heal_all()

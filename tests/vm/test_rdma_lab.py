@@ -1,6 +1,6 @@
 """The Soft-RoCE VM lab (railhop_lab.vmlab): two QEMU guests, rxe on four point-to-point rails.
 
-One boot of the two guests (tests/vm/conftest.py) is shared by every VM test of the session.
+One boot of the two guests (the ``lab`` fixture in tests/conftest.py) serves every VM test.
 Needs root, QEMU, virtme-ng (``make setup``) and a Debian kernel with rxe under /boot; in CI a
 missing prerequisite fails the test instead of skipping it. The ofi-lane tests also need the
 plugin and the harness (``make ctest``).
