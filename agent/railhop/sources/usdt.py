@@ -179,9 +179,7 @@ def plan_probes(
         elif n.semaphore:
             caps.append(skipped(source, p, Reason.NOT_AVAILABLE, "semaphore probe: needs a pid"))
         elif n.nargs < need.get(p, 0):
-            caps.append(
-                skipped(source, p, Reason.NOT_AVAILABLE, f"{n.nargs} args, need {need[p]}")
-            )
+            caps.append(skipped(source, p, Reason.NOT_AVAILABLE, f"{n.nargs} args, need {need[p]}"))
         else:
             try:
                 n.arg_types()
@@ -264,7 +262,6 @@ class UsdtProbes(EbpfSource):
             else:
                 caps.append(skipped(self.name, p, H.classify("usdt", err), err[:160]))
         return caps, self._flags() if ok else []
-
 
 
 class UsdtSource(UsdtProbes):

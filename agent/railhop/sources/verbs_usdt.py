@@ -1,6 +1,7 @@
 """The verbs lane's completion probes (``verbs_wc``, ``verbs_wc_err``, ``verbs_async``: see
-plugin/src/probes.h), attached by library path with bcc like the lane probes (:class:`railhop.sources.usdt.UsdtSource`), with their
-own program (``bpf/verbs_usdt.bpf.c``, source ``usdt.verbs``).
+plugin/src/probes.h), attached by library path with bcc like the lane probes
+(:class:`railhop.sources.usdt.UsdtSource`), with their own program (``bpf/verbs_usdt.bpf.c``,
+source ``usdt.verbs``).
 
 ``verbs_wc`` fires for every completion and is aggregated in the kernel per (pid, NIC index):
 read with :meth:`VerbsUsdtSource.completion_stats`. ``verbs_wc_err`` and ``verbs_async`` come
