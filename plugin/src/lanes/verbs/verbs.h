@@ -8,7 +8,7 @@
  *               codec, the verdicts on completions and events (unit-tested)
  *   gid.c       the RoCE v2 GID of a NIC address, from sysfs (root= for fixtures)
  *   qp.c        queue pairs: create, RESET -> INIT -> RTR -> RTS, to ERROR, re-create
- *   poll.c      completion queues: drain, classify, the first failure
+ *   poll.c      completion queues: drain, classify, the first failure; the completion probes
  *   mr.c        one registration cache per protection domain; dmabuf registration
  * This header is their private one.
  *
