@@ -45,6 +45,8 @@
 #define RH_USDT_FAILBACK 5
 #define RH_USDT_REQ_DONE 6
 #define RH_USDT_FAIR_SHARE 7
+#define RH_USDT_VERBS_WC_ERR 8 /* verbs_wc_err(qp_num, nic, status, vendor_err) */
+#define RH_USDT_VERBS_ASYNC 9 /* verbs_async(nic, event_type, qp_num, port) */
 
 struct rh_hdr {
 	__u64 ts_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */

@@ -17,6 +17,10 @@
 | ``railhop_nic_bytes_total`` | counter | device, direction | ``/sys/class/net/<nic>/statistics`` |
 | ``railhop_lane_bytes_total`` | counter | lane | plugin USDT ``req_done`` (when traced) |
 | ``railhop_request_completion_seconds`` | histogram | lane | plugin USDT ``req_done`` |
+| ``railhop_verbs_completions_total`` | counter | device | verbs lane USDT ``verbs_wc`` |
+| ``railhop_verbs_completion_bytes_total`` | counter | device | verbs lane USDT ``verbs_wc`` |
+| ``railhop_verbs_completion_errors_total`` | counter | device, status | USDT ``verbs_wc_err`` |
+| ``railhop_verbs_async_events_total`` | counter | device, event | USDT ``verbs_async`` |
 | ``railhop_sources`` | gauge | source | sources that started (readiness) |
 | ``railhop_trace_spans_total``, ``railhop_trace_errors_total`` | counter | | the tracer |
 | ``railhop_control_*`` | counters/gauges | | the control plane's counters |
@@ -122,6 +126,31 @@ class LaneTotals:
         self._last = seen
 
 
+class VerbsTotals:
+    """Per-device totals of the verbs lane's ``verbs_wc`` stats (per pid and plugin NIC index,
+    ``railhop.sources.verbs_usdt.CompletionStats``-shaped), monotonic like :class:`LaneTotals`.
+    Pure; the collector feeds it with each index's device label."""
+
+    def __init__(self) -> None:
+        self.wcs: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self._last: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def update(self, stats: Sequence[Any], label: Callable[[int], str]) -> None:
+        seen: dict[tuple[int, int], tuple[int, int]] = {}
+        for s in stats:
+            key = (int(s.pid), int(s.nic))
+            cur = (int(s.wcs), int(s.bytes))
+            seen[key] = cur
+            old = self._last.get(key)
+            if old is not None and (cur[0] < old[0] or cur[1] < old[1]):
+                old = None  # the map entry was recreated (pid reused): count it afresh
+            lab = label(key[1])
+            self.wcs[lab] = self.wcs.get(lab, 0) + cur[0] - (old[0] if old else 0)
+            self.bytes[lab] = self.bytes.get(lab, 0) + cur[1] - (old[1] if old else 0)
+        self._last = seen
+
+
 class MetricsError(Exception):
     """Base class of metrics errors (the endpoint cannot listen)."""
 
@@ -196,6 +225,21 @@ class AgentMetrics:
         self.lane_events = Counter(
             "railhop_lane_events", "Plugin lane events received", ["type"], registry=r
         )
+        self.verbs_errors = Counter(
+            "railhop_verbs_completion_errors",
+            "verbs lane error completions (USDT verbs_wc_err), by ibv_wc_status",
+            ["device", "status"],
+            registry=r,
+        )
+        self.verbs_async_events = Counter(
+            "railhop_verbs_async_events",
+            "Async events the verbs lanes read (USDT verbs_async), by ibv_event_type",
+            ["device", "event"],
+            registry=r,
+        )
+        self._verbs_stats: Callable[[], Sequence[Any]] | None = None
+        self._verbs_nics: Callable[[], Sequence[str]] = lambda: ()
+        self._verbs_totals = VerbsTotals()
         self._lanes: dict[tuple[int, int, int], str] = {}  # (peer pid, conn, lane) -> nic
         self._per_nic: dict[str, int] = {}  # lanes per NIC label, kept with _lanes
         self._lock = threading.Lock()
@@ -323,6 +367,25 @@ class AgentMetrics:
         """A provider of per-lane stats (``railhop.sources.usdt.LaneStats``-shaped objects)."""
         self._lane_stats = fn
 
+    def set_verbs_stats(
+        self, fn: Callable[[], Sequence[Any]] | None, nics: Callable[[], Sequence[str]]
+    ) -> None:
+        """A provider of per (pid, plugin NIC index) verbs completion totals
+        (``railhop.sources.verbs_usdt.CompletionStats``-shaped), and of the plugin's NIC order
+        (the index's device)."""
+        self._verbs_stats = fn
+        self._verbs_nics = nics
+
+    def _device(self, name: str | None) -> str:
+        """A NIC name as a bounded label: a managed NIC, else ``other``."""
+        return name if name is not None and (not self.nics or name in self.nics) else "other"
+
+    def verbs_error(self, device: str | None, status: str) -> None:
+        self.verbs_errors.labels(self._device(device), status).inc()
+
+    def verbs_async(self, device: str | None, event: str) -> None:
+        self.verbs_async_events.labels(self._device(device), event).inc()
+
     def set_control(self, fn: Callable[[], Any] | None) -> None:
         """A provider of ``railhop.control.ControlCounters``."""
         self._control = fn
@@ -347,6 +410,7 @@ class _Dynamic(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._nic_bytes()
         yield from self._lanes()
+        yield from self._verbs()
         yield from self._control()
         t = self.m._tracer
         if t is not None:
@@ -407,6 +471,39 @@ class _Dynamic(Collector):
                 h.add_metric([lab], buckets, float(t.lat_sum_ns[lab]) / 1e9)
         yield b
         yield h
+
+    def _verbs(self) -> Iterator[Metric]:
+        fn = self.m._verbs_stats
+        if fn is None:
+            return
+        try:
+            stats = list(fn())
+            order = list(self.m._verbs_nics())
+        except Exception as e:
+            log.debug("verbs completion stats unavailable: %s", e)
+            return
+
+        def label(idx: int) -> str:
+            return self.m._device(order[idx] if 0 <= idx < len(order) else None)
+
+        c = CounterMetricFamily(
+            "railhop_verbs_completions",
+            "verbs lane work completions per device, all traced processes (USDT verbs_wc)",
+            labels=["device"],
+        )
+        b = CounterMetricFamily(
+            "railhop_verbs_completion_bytes",
+            "byte_len of successful verbs lane completions per device (USDT verbs_wc)",
+            labels=["device"],
+        )
+        t = self.m._verbs_totals
+        with self.m._lock:
+            t.update(stats, label)
+            for lab in sorted(t.wcs):
+                c.add_metric([lab], t.wcs[lab])
+                b.add_metric([lab], t.bytes[lab])
+        yield c
+        yield b
 
     def _control(self) -> Iterator[Metric]:
         fn = self.m._control

@@ -15,6 +15,16 @@
  *     within 90 % of its share of the usable NICs (its rate before x usable after / before)
  *   req_done(lane, bytes, latency_ns): lane = id of the lane that delivered the last chunk
  *   (receiver) or the acknowledgement (sender); a message may be striped over several lanes.
+ * The verbs lane's completion tracing (lanes/verbs/poll.c; nic: the plugin's NIC index, -1 when
+ * the caller did not name it; qp_num: the local queue pair's number):
+ *   verbs_wc(qp_num, nic, status, bytes, post_ns): every work completion read; status is the
+ *     enum ibv_wc_status, bytes the completion's byte_len (what the device reports: set for
+ *     receive completions, 0 for error completions), post_ns the time since its work request
+ *     was posted (CLOCK_MONOTONIC ns, 0 when the lane did not give the post time)
+ *   verbs_wc_err(qp_num, nic, status, vendor_err): every completion with an error status
+ *     (flush errors included: a queue pair in ERROR flushes what it still holds)
+ *   verbs_async(nic, event_type, qp_num, port): every asynchronous event read (enum
+ *     ibv_event_type; qp_num for queue pair events, port for port events, 0 otherwise)
  */
 #ifndef RH_PROBES_H
 #define RH_PROBES_H
@@ -24,10 +34,12 @@
 #define RH_PROBE2(n, a, b) DTRACE_PROBE2(railhop, n, a, b)
 #define RH_PROBE3(n, a, b, c) DTRACE_PROBE3(railhop, n, a, b, c)
 #define RH_PROBE4(n, a, b, c, d) DTRACE_PROBE4(railhop, n, a, b, c, d)
+#define RH_PROBE5(n, a, b, c, d, e) DTRACE_PROBE5(railhop, n, a, b, c, d, e)
 #else
 #define RH_PROBE2(n, a, b) ((void)(a), (void)(b))
 #define RH_PROBE3(n, a, b, c) ((void)(a), (void)(b), (void)(c))
 #define RH_PROBE4(n, a, b, c, d) ((void)(a), (void)(b), (void)(c), (void)(d))
+#define RH_PROBE5(n, a, b, c, d, e) ((void)(a), (void)(b), (void)(c), (void)(d), (void)(e))
 #endif
 
 #endif

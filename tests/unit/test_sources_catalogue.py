@@ -19,6 +19,7 @@ from railhop.sources.netlink import NetlinkSource
 from railhop.sources.report import default_sources as report_sources
 from railhop.sources.sysfs import SysfsCounterSource
 from railhop.sources.usdt import UsdtSource
+from railhop.sources.verbs_usdt import VerbsUsdtSource
 from railhop.topology import read_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +37,7 @@ def test_the_report_builds_every_entry_kernel_hooks_first() -> None:
         "sysfs",
         "verbs",
         "usdt.plugin",
+        "usdt.verbs",
     ]
     assert "usdt.plugin" not in [s.name for s in report_sources()]  # no library: no USDT
 
@@ -54,6 +56,7 @@ def test_the_agent_builds_its_groups_for_its_nics() -> None:
         "sysfs",
         "verbs",
         "usdt.plugin",
+        "usdt.verbs",
     ]
     ifnames = {n.netdev or n.name for n in topo.nics}
     carrier, tcp = got["ebpf.carrier"], got["ebpf.tcp"]
@@ -66,6 +69,8 @@ def test_the_agent_builds_its_groups_for_its_nics() -> None:
     assert isinstance(sysfs, SysfsCounterSource)
     assert sysfs.root == str(DGX) and set(sysfs.ifnames) == ifnames  # counters: the sysfs root
     assert isinstance(got["usdt.plugin"], UsdtSource)
+    assert isinstance(got["usdt.verbs"], VerbsUsdtSource)
+    assert not isinstance(got["usdt.verbs"], UsdtSource)  # no lane_stats of its own
 
     # no counter thresholds in the policy: no sysfs source; --sources picks groups
     cfg = AgentConfig(sys_root=DGX, sources=("netlink", "sysfs"))

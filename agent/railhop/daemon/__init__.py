@@ -53,6 +53,7 @@ from railhop.daemon.translate import (
     aliases,
     health_event_from_lane,
     health_event_from_source,
+    health_event_from_verbs,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "default_sources",
     "health_event_from_lane",
     "health_event_from_source",
+    "health_event_from_verbs",
     "parse_nics",
     "plugin_nic_order",
     "published_state",

@@ -39,16 +39,17 @@ from railhop.daemon.translate import (
     aliases,
     health_event_from_lane,
     health_event_from_source,
+    health_event_from_verbs,
     ifname_of,
 )
 from railhop.jobs import JobCache
 from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
-from railhop.procs import netns_ino
+from railhop.procs import effective_uid, netns_ino
 from railhop.sources.base import Capability, Registry, Source
 from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
-from railhop.sources.events import PluginLaneEvent
+from railhop.sources.events import PluginLaneEvent, VerbsAsync, VerbsWcError
 from railhop.topology import Topology, read_topology
 from railhop.tracing.export_health import ExportHealth
 
@@ -69,6 +70,13 @@ class LaneStatsSource(Protocol):
     """A source with per-lane bytes and latency (the plugin's USDT probes)."""
 
     def lane_stats(self) -> Sequence[Any]: ...
+
+
+@runtime_checkable
+class CompletionStatsSource(Protocol):
+    """A source with per (pid, plugin NIC index) verbs completion totals (USDT verbs_wc)."""
+
+    def completion_stats(self) -> Sequence[Any]: ...
 
 
 TopologyReader = Callable[[Path, Sequence[str]], Topology]
@@ -175,6 +183,7 @@ class Agent:
         self.metrics_server: MetricsServer | None = None
         self._usdt: UsdtLaneTranslator | None = None
         self._socket_lane_pids: set[int] = set()  # plugins that report on agent.sock
+        self._peer_uid: dict[int, int] = {}  # pid -> uid, as SO_PEERCRED gave it on agent.sock
         self._netns_ino = netns_ino(os.getpid())
         self._same_netns: dict[int, bool] = {}
         self.lanes = LaneBook()
@@ -382,6 +391,9 @@ class Agent:
                 self.stats.source_events += 1
                 self._usdt_lane_event(item)
                 return
+            case VerbsWcError() | VerbsAsync():
+                self.stats.source_events += 1
+                hev = self._verbs_event(item)
             case _:
                 self.stats.source_events += 1
                 hev = self._source_event(item)
@@ -419,6 +431,9 @@ class Agent:
     def _lane_event(self, rx: ReceivedEvent) -> health.Event | None:
         self.stats.lane_events += 1
         pid = rx.peer.pid
+        if len(self._peer_uid) > 4096:
+            self._peer_uid.clear()
+        self._peer_uid[pid] = rx.peer.uid
         # the reporter, as the kernel names it (SO_PEERCRED): the health model wants two of
         # them (or a kernel signal) before a lane signal takes a NIC down node-wide
         hev = health_event_from_lane(
@@ -530,6 +545,39 @@ class Agent:
             self.metrics.lane_event(le, pid)
         if self.tracer is not None:
             self.tracer.lane_event(le, pid, self._clock())
+
+    def _plugin_nics(self) -> Sequence[str]:
+        return self._usdt.nics if self._usdt is not None else self.config.plugin_nics
+
+    def _reporter(self, pid: int) -> str:
+        """The health model's name for process ``pid``, the same string its reports on
+        agent.sock carry (``uid U pid P``): one process must never count as two reporters."""
+        uid = self._peer_uid.get(pid)
+        if uid is None:
+            uid = effective_uid(pid)
+        return f"uid {uid if uid is not None else '?'} pid {pid}"
+
+    def _verbs_event(self, ev: VerbsWcError | VerbsAsync) -> health.Event | None:
+        """A verbs lane's error completion or async event (USDT ``usdt.verbs``), from a process
+        of this node's netns: counted in the metrics; an error completion whose status says
+        something about the NIC is evidence for the health model, weighed like a lane error the
+        process reported itself (:func:`health_event_from_verbs`, then the burst guard)."""
+        if not self._in_my_netns(ev.pid):
+            return None
+        nics = self._plugin_nics()
+        name = nics[ev.nic] if 0 <= ev.nic < len(nics) else None
+        device = self._alias.get(name, name) if name is not None else None
+        if self.metrics is not None:
+            if isinstance(ev, VerbsWcError):
+                self.metrics.verbs_error(device or "unknown", ev.status_name)
+            else:
+                self.metrics.verbs_async(device or "unknown", ev.event)
+        if not isinstance(ev, VerbsWcError):
+            return None  # port and device events: the agent's own verbs source hears them
+        hev = health_event_from_verbs(ev, nics, self._alias, self._reporter(ev.pid))
+        if hev is None:
+            return None
+        return self._burst.filter(hev, ev.pid)
 
     def _in_my_netns(self, pid: int) -> bool:
         same = self._same_netns.get(pid)
@@ -694,6 +742,8 @@ class Agent:
             self.metrics.sources.labels(s.name).set(1 if attached else 0)
             if isinstance(s, LaneStatsSource):
                 self.metrics.set_lane_stats(s.lane_stats)
+            if isinstance(s, CompletionStatsSource):
+                self.metrics.set_verbs_stats(s.completion_stats, self._plugin_nics)
         for c in caps:  # the capability report, logged once
             log.info("%s", c.line())
 

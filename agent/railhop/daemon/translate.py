@@ -18,6 +18,7 @@ from railhop.sources.events import (
     PluginLaneEvent,
     RdmaPortEvent,
     TcpSuspect,
+    VerbsWcError,
 )
 from railhop.sources.events import Event as SourceEvent
 from railhop.topology import Nic, Topology
@@ -137,6 +138,37 @@ def health_event_from_lane(
         # evidence a NIC that went DOWN with its link up needs before it is offered again
         return health.ProbeOk(nic, t, source=source)
     return None
+
+
+# Error completions that say something about the path through this NIC: the device got no ACK
+# (or no response) from the peer after its retries, a malformed response, or the device failed.
+# The others are not evidence about the NIC: a flush only follows an error (or the lane's own
+# move to ERROR, its receiver's fence), local length/protection/access errors and the peer's
+# refusals (access, invalid request, operation) are the application's or the peer's, and an
+# RNR retry exhaustion is the peer not posting receive buffers.
+VERBS_NIC_EVIDENCE = frozenset({"RETRY_EXC_ERR", "RESP_TIMEOUT_ERR", "BAD_RESP_ERR", "FATAL_ERR"})
+
+
+def health_event_from_verbs(
+    ev: VerbsWcError, nics: Sequence[str], alias: Mapping[str, str], source: str
+) -> health.Event | None:
+    """A verbs lane's error completion (USDT ``verbs_wc_err``) as evidence against its NIC:
+    a :class:`health.LaneError` carrying ``source`` (the process, as the kernel names it), so
+    it weighs exactly as a lane error the process reports on agent.sock: alone it makes the NIC
+    SUSPECT, it takes the NIC DOWN only when ``corroborate_sources`` processes (or a kernel
+    signal) agree. ``nics``: the plugin's NIC order (``ev.nic`` indexes it). None when the
+    status is not evidence (:data:`VERBS_NIC_EVIDENCE`) or the NIC is not managed. Pure."""
+    if ev.status_name not in VERBS_NIC_EVIDENCE or not 0 <= ev.nic < len(nics):
+        return None
+    nic = alias.get(nics[ev.nic])
+    if nic is None:
+        return None
+    return health.LaneError(
+        nic,
+        ev.ts_ns / 1e9,
+        detail=f"verbs {ev.status_name} qp {ev.qp_num} pid {ev.pid}",
+        source=source,
+    )
 
 
 def _signed(v: int) -> int:

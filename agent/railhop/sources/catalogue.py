@@ -84,6 +84,14 @@ def _usdt(o: SourceOptions) -> Source | None:
     return UsdtSource(o.plugin_lib, root=o.root)
 
 
+def _verbs_usdt(o: SourceOptions) -> Source | None:
+    if o.plugin_lib is None:
+        return None
+    from railhop.sources.verbs_usdt import VerbsUsdtSource
+
+    return VerbsUsdtSource(o.plugin_lib, root=o.root)
+
+
 @dataclass(frozen=True)
 class Entry:
     group: str  # what ``--sources`` names
@@ -99,6 +107,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("sysfs", "sysfs counter", _sysfs),  # error counters past their thresholds
     Entry("verbs", "verbs", _verbs),  # verbs async events
     Entry("usdt", "USDT", _usdt),  # the plugin's own probes (lane events, bytes, latency)
+    Entry("usdt", "USDT verbs", _verbs_usdt),  # the verbs lane's completions and async events
 )
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(e.group for e in CATALOGUE))
 

@@ -52,6 +52,8 @@ USDT_PROBES = {
     5: "failback",
     6: "req_done",
     7: "fair_share",
+    8: "verbs_wc_err",
+    9: "verbs_async",
 }
 
 # rdma_cm_event_type (librdmacm rdma_cma.h)

@@ -120,6 +120,35 @@ class PluginLaneEvent(BaseEvent):
     args: tuple[int, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerbsWcError(BaseEvent):
+    """A verbs lane's error completion (probe ``verbs_wc_err``): process ``pid``'s queue pair
+    ``qp_num`` on the plugin's NIC index ``nic`` (-1: not named) completed a work request
+    with ``status`` (enum ibv_wc_status; ``status_name`` its name) and the device's
+    ``vendor_err``."""
+
+    pid: int
+    qp_num: int
+    nic: int
+    status: int
+    status_name: str
+    vendor_err: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerbsAsync(BaseEvent):
+    """An asynchronous event a verbs lane read (probe ``verbs_async``): ``event`` (enum
+    ibv_event_type's name, ``code`` its value) on the plugin's NIC index ``nic``; ``qp_num``
+    for queue pair events, ``port`` for port events."""
+
+    pid: int
+    nic: int
+    event: str
+    code: int
+    qp_num: int = 0
+    port: int = 0
+
+
 Event = (
     CarrierDown
     | CarrierUp
@@ -131,4 +160,6 @@ Event = (
     | Mlx5CmdFailure
     | CounterBreach
     | PluginLaneEvent
+    | VerbsWcError
+    | VerbsAsync
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
@@ -147,8 +147,15 @@ class LaneStats:
         return self.lat_sum_ns / self.reqs if self.reqs else 0.0
 
 
-def plan_probes(notes: list[UsdtNote]) -> tuple[dict[str, UsdtNote], list[Capability]]:
-    """Which railhop probes can be attached by path; records for the others. Pure."""
+def plan_probes(
+    notes: list[UsdtNote],
+    probes: tuple[str, ...] = ALL_PROBES,
+    source: str = SPEC.source,
+    min_args: dict[str, int] | None = None,
+) -> tuple[dict[str, UsdtNote], list[Capability]]:
+    """Which railhop probes of ``probes`` can be attached by path; records (of ``source``) for
+    the others. ``min_args``: probe -> the arguments it must have (default: req_done 3). Pure."""
+    need = {"req_done": 3} if min_args is None else min_args
     usable: dict[str, UsdtNote] = {}
     caps: list[Capability] = []
     ours: dict[str, UsdtNote] = {}
@@ -161,35 +168,40 @@ def plan_probes(notes: list[UsdtNote]) -> tuple[dict[str, UsdtNote], list[Capabi
             a.partition("@")[0] for a in site.args.split()
         ]:
             mixed.add(site.name)
-    for p in ALL_PROBES:
+    for p in probes:
         n = ours.get(p)
         if p in mixed:
             caps.append(
-                skipped(SPEC.source, p, Reason.NOT_AVAILABLE, "argument sizes differ between sites")
+                skipped(source, p, Reason.NOT_AVAILABLE, "argument sizes differ between sites")
             )
         elif n is None:
-            caps.append(skipped(SPEC.source, p, Reason.NO_PROBES, "not in the library"))
+            caps.append(skipped(source, p, Reason.NO_PROBES, "not in the library"))
         elif n.semaphore:
-            caps.append(
-                skipped(SPEC.source, p, Reason.NOT_AVAILABLE, "semaphore probe: needs a pid")
-            )
-        elif p == "req_done" and n.nargs < 3:
-            caps.append(skipped(SPEC.source, p, Reason.NOT_AVAILABLE, f"{n.nargs} args, need 3"))
+            caps.append(skipped(source, p, Reason.NOT_AVAILABLE, "semaphore probe: needs a pid"))
+        elif n.nargs < need.get(p, 0):
+            caps.append(skipped(source, p, Reason.NOT_AVAILABLE, f"{n.nargs} args, need {need[p]}"))
         else:
             try:
                 n.arg_types()
             except UsdtError as e:
-                caps.append(skipped(SPEC.source, p, Reason.NOT_AVAILABLE, str(e)))
+                caps.append(skipped(source, p, Reason.NOT_AVAILABLE, str(e)))
                 continue
             usable[p] = n
     return usable, caps
 
 
-class UsdtSource(EbpfSource):
-    """USDT probes of the plugin library ``lib`` (every process mapping it, now or later)."""
+class UsdtProbes(EbpfSource):
+    """USDT probes of the plugin library ``lib`` (every process mapping it, now or later), by one
+    program: which probes and which program are class attributes (:class:`UsdtSource`: the lane
+    probes; :class:`railhop.sources.verbs_usdt.VerbsUsdtSource`: the verbs completions)."""
+
+    PROBE_SPEC: ClassVar[H.ProbeSpec] = SPEC
+    PROBES: ClassVar[tuple[str, ...]] = ALL_PROBES
+    ARG_LIMIT: ClassVar[int] = MAX_ARGS  # arguments the program reads at most
+    MIN_ARGS: ClassVar[dict[str, int]] = {"req_done": 3}
 
     def __init__(self, lib: str | Path, bpf_dir: Path | None = None, root: str = "/") -> None:
-        super().__init__(SPEC, bpf_dir, root)
+        super().__init__(self.PROBE_SPEC, bpf_dir, root)
         self.lib = str(Path(lib).resolve())
         self._usable: dict[str, UsdtNote] = {}
 
@@ -197,8 +209,8 @@ class UsdtSource(EbpfSource):
         out: list[str] = []
         for p, n in self._usable.items():
             out.append(f"-DRH_USE_{p}")
-            out.append(f"-DRH_NA_{p}={min(n.nargs, MAX_ARGS)}")
-            for i, t in enumerate(n.arg_types()[:MAX_ARGS], start=1):
+            out.append(f"-DRH_NA_{p}={min(n.nargs, self.ARG_LIMIT)}")
+            for i, t in enumerate(n.arg_types()[: self.ARG_LIMIT], start=1):
                 out.append(f"-DRH_AT_{p}_{i}={t}")
         return out
 
@@ -222,24 +234,22 @@ class UsdtSource(EbpfSource):
         try:
             notes = stapsdt_notes(Path(self.lib).read_bytes())
         except OSError as e:
-            return [skipped(SPEC.source, "*", Reason.NO_LIBRARY, f"{self.lib}: {e.strerror}")], []
+            return [skipped(self.name, "*", Reason.NO_LIBRARY, f"{self.lib}: {e.strerror}")], []
         except UsdtError as e:
-            return [skipped(SPEC.source, "*", Reason.NO_LIBRARY, f"{self.lib}: {e}")], []
-        self._usable, caps = plan_probes(notes)
+            return [skipped(self.name, "*", Reason.NO_LIBRARY, f"{self.lib}: {e}")], []
+        self._usable, caps = plan_probes(notes, self.PROBES, self.name, self.MIN_ARGS)
         if not self._usable:
             return caps, []
         pre = precheck(self._root)
         if pre.env is None:
-            return caps + [
-                skipped(SPEC.source, p, pre.reason, pre.detail) for p in self._usable
-            ], []
+            return caps + [skipped(self.name, p, pre.reason, pre.detail) for p in self._usable], []
         # one candidate with all probes: the probes share the program, so they load together
         plan = H.Plan([[H.Candidate(0, 0, 0, tuple(self._flags()))]], [[]])
         try:
             text = self.text()
         except ComposeError as e:
             return caps + [
-                skipped(SPEC.source, p, Reason.NOT_AVAILABLE, str(e)) for p in self._usable
+                skipped(self.name, p, Reason.NOT_AVAILABLE, str(e)) for p in self._usable
             ], []
         outcome = run_trials(
             str(self._src()), self.base_cflags(), plan, self.usdt_request(), text=text
@@ -248,10 +258,14 @@ class UsdtSource(EbpfSource):
         err = outcome.results.get(0, (False, outcome.combined_err))[1] or outcome.combined_err
         for p in self._usable:
             if ok:
-                caps.append(attached(SPEC.source, p, "usdt", self.lib))
+                caps.append(attached(self.name, p, "usdt", self.lib))
             else:
-                caps.append(skipped(SPEC.source, p, H.classify("usdt", err), err[:160]))
+                caps.append(skipped(self.name, p, H.classify("usdt", err), err[:160]))
         return caps, self._flags() if ok else []
+
+
+class UsdtSource(UsdtProbes):
+    """The plugin's lane probes and req_done (source ``usdt.plugin``)."""
 
     def lane_stats(self) -> list[LaneStats]:
         """Per (pid, lane) totals of req_done since start (empty when req_done is not attached)."""

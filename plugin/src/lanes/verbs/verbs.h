@@ -8,7 +8,7 @@
  *               codec, the verdicts on completions and events (unit-tested)
  *   gid.c       the RoCE v2 GID of a NIC address, from sysfs (root= for fixtures)
  *   qp.c        queue pairs: create, RESET -> INIT -> RTR -> RTS, to ERROR, re-create
- *   poll.c      completion queues: drain, classify, the first failure
+ *   poll.c      completion queues: drain, classify, the first failure; the completion probes
  *   mr.c        one registration cache per protection domain; dmabuf registration
  * This header is their private one.
  *
@@ -78,9 +78,25 @@ typedef void (*verbs_wc_fn)(void *arg, const struct ibv_wc *wc);
 
 /* Drain up to max completions of cq: successful ones go to fn, the first error completion is
  * reported in *fail (further errors of the same drain are flush errors of the same queue pairs
- * and only counted). Returns the completions read (>= 0), or -EIO when polling failed. */
+ * and only counted). Returns the completions read (>= 0), or -EIO when polling failed.
+ * Every completion fires the verbs_wc probe (probes.h), error ones verbs_wc_err too, with
+ * nic -1 and no post time: verbs_cq_drain_traced names them. */
 int verbs_cq_drain(struct ibv_cq *cq, int max, verbs_wc_fn fn, void *arg,
 		   struct verbs_poll_fail *fail, int *nfail);
+
+/* What the completion probes report of a completion queue's completions: the plugin's index of
+ * the lane's NIC and, when the lane keeps them, its work requests' post times. */
+struct verbs_cq_trace {
+	int nic; /* the plugin's NIC index, -1 unknown */
+	/* CLOCK_MONOTONIC ns at which wc's work request was posted, 0 unknown; NULL: none known */
+	uint64_t (*post_ns)(void *arg, const struct ibv_wc *wc);
+	void *arg;
+};
+
+/* verbs_cq_drain with the probes' NIC index and post times from tr (NULL: as verbs_cq_drain). */
+int verbs_cq_drain_traced(struct ibv_cq *cq, int max, verbs_wc_fn fn, void *arg,
+			  struct verbs_poll_fail *fail, int *nfail,
+			  const struct verbs_cq_trace *tr);
 
 /* One asynchronous event of a device, read and acknowledged. */
 struct verbs_async {
@@ -91,8 +107,11 @@ struct verbs_async {
 };
 
 /* Read one pending asynchronous event of ctx (the lane's I/O thread makes ctx->async_fd
- * non-blocking and polls it) and acknowledge it. 0, or -EAGAIN when none is pending. */
+ * non-blocking and polls it) and acknowledge it. 0, or -EAGAIN when none is pending. Fires the
+ * verbs_async probe (probes.h) with nic -1. */
 int verbs_async_read(struct ibv_context *ctx, struct verbs_async *out);
+/* verbs_async_read whose probe names the plugin's NIC index nic. */
+int verbs_async_read_nic(struct ibv_context *ctx, int nic, struct verbs_async *out);
 
 /* --- mr.c --- */
 
