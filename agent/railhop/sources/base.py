@@ -134,6 +134,24 @@ class LoopBound(Protocol):
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None: ...
 
 
+CapabilityWatcher = Callable[[list["Capability"]], None]
+
+
+@runtime_checkable
+class CapabilitiesChange(Protocol):
+    """A source whose records can change after its start (hooks that attach later: the
+    ``rdma_cma`` tracepoints once ``rdma_cm`` loads). ``watch_capabilities(cb)`` returns the
+    records as they are now and calls ``cb`` with all of them, from any thread, whenever they
+    change after that."""
+
+    def watch_capabilities(self, cb: CapabilityWatcher) -> list[Capability]: ...
+
+
+def source_attached(caps: Sequence[Capability]) -> bool:
+    """Pure: whether a started source counts as attached (no records, or one attached)."""
+    return not caps or any(c.attached for c in caps)
+
+
 def starts_slowly(source: Source) -> bool:
     """Kernel-hook sources (``ebpf.*``: trial child + compile) start in the background."""
     return source.name.startswith("ebpf.")
