@@ -147,3 +147,44 @@ def test_agent_config_takes_the_bound_from_the_environment(
     assert AgentConfig().ebpf_start_timeout_s == 700.0
     monkeypatch.delenv(loader.TIMEOUT_ENV)
     assert AgentConfig().ebpf_start_timeout_s == 180.0
+
+
+def test_quick_sources_bound_from_the_environment() -> None:
+    from railhop.sources.base import QUICK_TIMEOUT_ENV, source_timeout_s
+
+    assert source_timeout_s({}) == 30.0
+    assert source_timeout_s({QUICK_TIMEOUT_ENV: " 240 "}) == 240.0
+    with pytest.raises(ValueError, match=QUICK_TIMEOUT_ENV):
+        source_timeout_s({QUICK_TIMEOUT_ENV: "-1"})
+
+
+def test_a_quick_source_past_its_bound_is_left_out_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from railhop.sources.base import QUICK_TIMEOUT_ENV, Capability, Registry
+
+    class Slow:
+        name = "netlink"
+
+        async def start(self, emit: Any) -> list[Capability]:
+            await asyncio.sleep(5)
+            return []
+
+        async def stop(self) -> None:
+            return None
+
+    started: list[str] = []
+    monkeypatch.setenv(QUICK_TIMEOUT_ENV, "0.05")
+    reg = Registry([Slow()])
+
+    async def body() -> None:
+        await reg.start(lambda _e: None, lambda s, _c: started.append(s.name))
+        await reg.stop_all()
+
+    asyncio.run(body())
+    assert started == []
+    assert "netlink failed to start: not started within 0.05 s (RAILHOP_SOURCE_TIMEOUT_S)" in (
+        caplog.text
+    )

@@ -99,7 +99,7 @@ def agent(lab: VmLab) -> Iterator[GuestAgent]:
     policy.write_text(POLICY)
     log, traces = lab.shared / "agent-rdma.err", lab.shared / "agent-rdma-traces.jsonl"
     traces.unlink(missing_ok=True)
-    env = {"RAILHOP_EBPF_TIMEOUT_S": str(EBPF_TIMEOUT_S)}
+    env = {"RAILHOP_EBPF_TIMEOUT_S": str(EBPF_TIMEOUT_S), "RAILHOP_SOURCE_TIMEOUT_S": "240"}
     nics = ",".join(lab.ifname(i) for i in range(lab.nics))
     argv = [RAILHOP, "agent", "--nic", nics, "--sources", "netlink,sysfs,verbs,rdma"]
     argv += ["--policy", str(policy), "--run-dir", RUN_DIR, "--trace-file", str(traces)]

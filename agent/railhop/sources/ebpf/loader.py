@@ -19,7 +19,7 @@ from railhop import paths
 from railhop.sources import btf as btfmod
 from railhop.sources import hooks as H
 from railhop.sources import kernel
-from railhop.sources.base import Reason, SourceError
+from railhop.sources.base import Reason, SourceError, env_seconds
 from railhop.sources.bpftrial import TOGETHER
 
 TIMEOUT_ENV = "RAILHOP_EBPF_TIMEOUT_S"
@@ -31,17 +31,7 @@ def start_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     """The bound on one eBPF source's start: ``RAILHOP_EBPF_TIMEOUT_S`` (seconds) where set,
     for nodes whose bcc compiles are slow (an emulated CPU takes about 95 s per program), else
     ``START_TIMEOUT_S``. A value that is not a positive number is an error that says so."""
-    env = os.environ if environ is None else environ
-    raw = env.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return START_TIMEOUT_S
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not v > 0 or v == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: want a positive number of seconds")
-    return v
+    return env_seconds(TIMEOUT_ENV, START_TIMEOUT_S, environ)
 
 
 def trial_timeout_s(environ: Mapping[str, str] | None = None) -> float:
