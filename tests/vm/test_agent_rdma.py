@@ -13,6 +13,7 @@ test. In CI a missing prerequisite fails instead of skipping.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,15 +23,18 @@ from typing import Any
 
 import pytest
 
+from conftest import require
 from railhop_lab.vmlab import GuestJob, VmLab
 
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 RAILHOP = str(Path(sys.executable).parent / "railhop")
+REPO = Path(__file__).resolve().parents[2]
+HW = "/sys/class/infiniband/rxe{nic}/ports/1/hw_counters"
+IBV_WC_RETRY_EXC_ERR = 12
 EBPF_TIMEOUT_S = 560  # one eBPF source's start (trial + load) in an emulated guest under load
 AGENT_NODE = 0
 RUN_DIR = "/tmp/railhop-agent-rdma"  # the guest's own /tmp: no unix socket on the 9p share
-PINGPONG_PORT = 18515
 
 # the rxe hw_counters the agent watches (any increase is a breach): link_downed (the port went
 # down) and retry_exceeded_err (a queue pair gave up after its retransmissions). Not
@@ -246,49 +250,64 @@ def test_a_carrier_loss_is_seen_by_every_rdma_source_and_traced(
     assert seen == [f"seen by {s}" for s in sources], seen
 
 
-def _wait_hw_counter(lab: VmLab, node: int, nic: int, name: str, above: int, timeout: float) -> int:
+def _hw_counter(lab: VmLab, node: int, nic: int, name: str) -> int:
     path = f"/sys/class/infiniband/rxe{nic}/ports/1/hw_counters/{name}"
-    deadline = time.monotonic() + timeout
-    while True:
-        v = int(lab.guests[node].sh(f"cat {path}", timeout=60).stdout.split()[0])
-        if v > above:
-            return v
-        assert time.monotonic() < deadline, f"node {node} {path} stayed at {v} (<= {above})"
-        time.sleep(0.5)
+    return int(lab.guests[node].sh(f"cat {path}", timeout=60).stdout.split()[0])
+
+
+def verbs_check_path() -> Path:
+    p = Path(
+        os.environ.get(
+            "RAILHOP_VERBS_CHECK_PATH", REPO / "build" / "ctest" / "plugin" / "railhop-verbs-check"
+        )
+    )
+    require(p.is_file(), f"{p} not built (make ctest)")
+    return p
 
 
 def test_a_blackhole_under_rc_traffic_is_seen_from_the_rdma_side(
     lab: VmLab, agent: GuestAgent
 ) -> None:
-    """Carrier up on both ends, everything dropped on node 0's nic2 while ibv_rc_pingpong runs
-    over it: no netlink or verbs event tells, but the queue pair does: it retransmits
-    (completer_retry_err) and gives up (retry_exceeded_err in sysfs hw_counters), and the agent
-    marks the NIC SUSPECT for counters (DOWN once enough breaches come within its window),
-    leaving the other NICs up."""
+    """Carrier up on both ends, everything dropped on node 0's nic2 while an RC queue pair
+    writes over it (railhop-verbs-check, 1.07 s a try, 3 retries: ibv_rc_pingpong's retry_cnt
+    7 retries forever on rxe and never gives up): no netlink or verbs event tells, but the
+    queue pair gives up (IBV_WC_RETRY_EXC_ERR, rxe's retry_exceeded_err in sysfs hw_counters)
+    and the agent marks the NIC SUSPECT for counters, the other NICs up."""
+    tool = str(verbs_check_path())
     nic = 2
     ifname = lab.ifname(nic)
-    g = lab.guests[AGENT_NODE]
-    hw = f"/sys/class/infiniband/rxe{nic}/ports/1/hw_counters"
-    names = g.sh(f"ls {hw}", timeout=60).stdout.split()
-    assert {*RXE_COUNTERS, "completer_retry_err", "sent_pkts"} <= set(names), names
-    exceeded0 = int(g.sh(f"cat {hw}/retry_exceeded_err", timeout=60).stdout.split()[0])
-    sent0 = int(g.sh(f"cat {hw}/sent_pkts", timeout=60).stdout.split()[0])
-    dev = ["-d", f"rxe{nic}", "-g", "1", "-s", "1024", "-n", "100000000"]
-    server = lab.guests[1].start(["ibv_rc_pingpong", *dev], timeout=400)
-    client: GuestJob | None = None
+    names = lab.guests[AGENT_NODE].sh(f"ls {HW.format(nic=nic)}", timeout=60).stdout.split()
+    assert {*RXE_COUNTERS, "completer_retry_err"} <= set(names), names
+    exceeded0 = _hw_counter(lab, AGENT_NODE, nic, "retry_exceeded_err")
+    retries0 = _hw_counter(lab, AGENT_NODE, nic, "completer_retry_err")
+    env = {"RAILHOP_IB_TIMEOUT": "18", "RAILHOP_IB_RETRY_CNT": "3"}
+    progress = lab.shared / "agent-rdma-verbs-recv.err"
+    progress.unlink(missing_ok=True)
+    dev, port = f"rxe{nic}", "18611"
+    recv = lab.guests[1].start(
+        [tool, "recv", dev, lab.address(1, nic), port, str(1 << 20), "1000000", "8"],
+        env=env,
+        stderr=progress,
+        timeout=240,
+    )
+    a0, a1, size = lab.address(0, nic), lab.address(1, nic), str(1 << 20)
+    send = lab.guests[AGENT_NODE].start(
+        [tool, "send", dev, a0, a1, port, size, "1000000"], env=env, timeout=240
+    )
     try:
-        deadline = time.monotonic() + 60
-        listening = f"grep -qi ':{PINGPONG_PORT:04X} 00000000:0000 0A' /proc/net/tcp"
-        while lab.guests[1].sh(listening, check=False).rc != 0:
-            assert not server.done(), f"server exited early: {server.wait()}"
-            assert time.monotonic() < deadline, "ibv_rc_pingpong server not listening"
-            time.sleep(0.2)
-        client = g.start(["ibv_rc_pingpong", *dev, lab.address(1, nic)], timeout=400)
-        _wait_hw_counter(lab, AGENT_NODE, nic, "sent_pkts", sent0 + 200, 120)  # RC traffic runs
-        assert not client.done(), client.wait()
+        deadline = time.monotonic() + 120
+        while sum(1 for ln in _lines(progress) if ln.startswith("round ")) < 3:
+            assert not send.done() and not recv.done(), (send.wait(), recv.wait())
+            assert time.monotonic() < deadline, "no RC traffic over verbs"
+            time.sleep(0.5)
         before = len(agent.text())
         lab.blackhole(AGENT_NODE, nic)
-        _wait_hw_counter(lab, AGENT_NODE, nic, "retry_exceeded_err", exceeded0, 120)
+        s = send.wait()
+        assert s.rc == 3 and not s.timed_out, s  # the lane failed: its queue pair gave up
+        fail = json.loads([ln for ln in s.stdout.splitlines() if ln.startswith("{")][-1])["fail"]
+        assert fail["status"] == IBV_WC_RETRY_EXC_ERR, fail
+        assert _hw_counter(lab, AGENT_NODE, nic, "retry_exceeded_err") > exceeded0
+        assert _hw_counter(lab, AGENT_NODE, nic, "completer_retry_err") > retries0
         needle = f"{ifname}: up -> suspect (counter breach retry_exceeded_err"
         deadline = time.monotonic() + 60
         while needle not in agent.text()[before:]:
@@ -306,6 +325,12 @@ def test_a_blackhole_under_rc_traffic_is_seen_from_the_rdma_side(
         # carrier stayed up: nothing from netlink or verbs about this NIC
         assert f"{ifname}: carrier_down from" not in agent.text()
     finally:
-        for j in (client, server):
-            if j is not None:
-                j.kill()
+        send.kill()
+        recv.kill()
+
+
+def _lines(p: Path) -> list[str]:
+    try:
+        return p.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
