@@ -7,7 +7,8 @@ node 0 for all its tests (sources netlink, sysfs, verbs and the eBPF RDMA group:
 compile and one load, :mod:`railhop.sources.bpftrial`) and, at the same time, ``railhop
 sources`` in node 1 (its own two compiles, on the other guest's vCPU). The shared session
 ``lab`` fixture (tests/conftest.py) boots the guests; ``_healed`` heals the rails after each
-test. In CI a missing prerequisite fails instead of skipping.
+test. The blackhole test also needs ``railhop-verbs-check`` (``make ctest``). In CI a missing
+prerequisite fails instead of skipping.
 """
 
 from __future__ import annotations
