@@ -52,6 +52,21 @@ if [ ! -e "$kdir/build" ]; then
 	fi
 fi
 
+# The VM lab's guests (tests/vm) boot Debian's kernels under /boot and share this root, so the
+# agent's eBPF sources in a guest compile against /lib/modules/<guest kernel>/build: every /boot
+# kernel with its modules installed needs its own headers (linux-headers-amd64 brings those of
+# the kernel linux-image-amd64 brings; an older kernel left under /boot gets its own package).
+for img in /boot/vmlinuz-*; do
+	[ -e "$img" ] || continue
+	ver=${img#/boot/vmlinuz-}
+	[ -d "/lib/modules/$ver/kernel" ] || continue
+	[ -e "/lib/modules/$ver/build/include/generated/autoconf.h" ] && continue
+	echo "setup: installing linux-headers-$ver for the VM lab's guest kernel"
+	if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "linux-headers-$ver" >/dev/null; then
+		echo "setup: no linux-headers-$ver: the agent's eBPF sources cannot compile in guests booting $ver" >&2
+	fi
+done
+
 if [ ! -x "$VENV/bin/python" ]; then
 	/usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi

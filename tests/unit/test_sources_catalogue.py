@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,27 @@ def test_sources_exits_1_when_nothing_attaches_and_2_on_usage(
     caps = [attached("netlink", "link", "rtnetlink", "")]
     assert CliRunner().invoke(cli, ["sources"]).exit_code == 0
     assert CliRunner().invoke(cli, ["sources", "--bogus"]).exit_code == 2
+
+
+def test_sources_checks_the_groups_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``railhop sources --sources rdma,sysfs,verbs`` builds those groups only (each eBPF group
+    compiles its programs: minutes on an emulated CPU); an unknown group is a usage error."""
+    from click.testing import CliRunner
+
+    from railhop.cli import cli
+    from railhop.sources import cli as sources_cli
+    from railhop.sources.base import Source, attached
+
+    built: list[list[str]] = []
+
+    def report(srcs: list[Source]) -> list[Any]:
+        built.append([s.name for s in srcs])
+        return [attached("sysfs", "x", "sysfs")]
+
+    monkeypatch.setattr(sources_cli, "capability_report", report)
+    r = CliRunner().invoke(cli, ["sources", "--sources", "netlink,sysfs", "--nic", "lo"])
+    assert r.exit_code == 0, r.output
+    assert built == [["netlink", "sysfs"]]
+    r = CliRunner().invoke(cli, ["sources", "--sources", "netlink,bogus"])
+    assert r.exit_code == 2 and "unknown group(s) bogus" in r.output
+    assert len(built) == 1

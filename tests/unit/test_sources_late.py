@@ -211,3 +211,38 @@ def test_no_watcher_when_no_hook_waits(tmp_path: Path) -> None:
     assert {c.reason for c in caps} == {Reason.NO_PRIVILEGE}
     assert src.late._thread is None
     src.stop_sync()
+
+
+def test_a_late_attach_tells_the_owners_watchers(tmp_path: Path) -> None:
+    """Issue 26: the agent's railhop_sources gauge was set once at start, so a hook that
+    attached later never flipped it; the owner now tells its watchers."""
+    env = kernel(tmp_path)  # nothing attaches at start: every hook skipped or waiting
+    src = owner(tmp_path, env)
+    seen: list[list[Capability]] = []
+    now = src.watch_capabilities(seen.append)
+    assert not any(c.attached for c in now)
+    late = LateHooks(src, FakeLate, env=lambda: env)
+    late._emit = lambda _e: None
+    assert late.check_once() == [] and seen == []  # no change, no call
+    add_tp(tmp_path, CM_REMOVE)
+    late.check_once()
+    assert len(seen) == 1
+    assert by_hook(seen[0])["cm_remove"] == (True, Reason.NONE)
+    assert seen[0] == src.capabilities  # every record, not only the late ones
+
+
+def test_a_failing_watcher_does_not_stop_the_late_load(tmp_path: Path) -> None:
+    env = kernel(tmp_path)
+    src = owner(tmp_path, env)
+    seen: list[list[Capability]] = []
+
+    def broken(_caps: list[Capability]) -> None:
+        raise RuntimeError("loop closed")
+
+    src.watch_capabilities(broken)
+    src.watch_capabilities(seen.append)
+    late = LateHooks(src, FakeLate, env=lambda: env)
+    late._emit = lambda _e: None
+    add_tp(tmp_path, CM_EVENT)
+    assert [c.hook for c in late.check_once()] == ["cm_event"]
+    assert len(seen) == 1 and by_hook(src.capabilities)["cm_event"] == (True, Reason.NONE)

@@ -30,6 +30,7 @@ from railhop.tracing import (
     SpanDesc,
     StateChange,
 )
+from railhop.tracing.assembler import witness_attrs
 
 OFFSET = 1_700_000_000_000_000_000  # epoch ns at monotonic 0
 S = 1_000_000_000
@@ -193,6 +194,77 @@ def test_cause_is_what_took_the_nic_down_and_the_trace_starts_at_the_first_signa
     root = one(a.close_all(t + S), FAILOVER)
     assert root.start_ns == OFFSET + t
     assert root.attributes["railhop.failover.cause"] == "carrier_down"
+
+
+def test_the_failover_records_every_source_that_saw_it() -> None:
+    """A carrier loss on an RDMA NIC is seen by several sources: netlink takes the NIC DOWN,
+    the verbs async event, the sysfs counter and the eBPF driver hook follow (one of them
+    timestamped before netlink, handled after it). The root span lists each source once, in
+    the order of its first signal, with its delay after the first."""
+    a = asm()
+    t = 40 * S
+    a.signal(Signal("nic1", "netlink", "carrier_down", t + 5 * MS, t + 6 * MS, "RTM_NEWLINK"))
+    out = a.transition(StateChange("nic1", "up", "down", "carrier down", t + 5 * MS, t + 6 * MS))
+    det = one(out, DETECTION)
+    assert det.attributes["railhop.detection.signals"] == 1  # only what came before DOWN
+    a.signal(Signal("nic1", "verbs", "carrier_down", t + 45 * MS, t + 46 * MS, "rxe1"))
+    a.signal(Signal("nic1", "ebpf.rdma", "carrier_down", t + 83 * MS, t + 90 * MS, "kprobe"))
+    a.signal(Signal("nic1", "netlink", "carrier_down", t + 95 * MS, t + 96 * MS))  # again
+    a.signal(Signal("nic1", "sysfs", "counter_breach", t + 200 * MS, t + 201 * MS))
+    # handled last, but its own timestamp is the earliest: it came first
+    a.signal(Signal("nic1", "ebpf.carrier", "carrier_down", t + 2 * MS, t + 210 * MS))
+    a.signal(Signal("nic2", "verbs", "carrier_down", t + 50 * MS, t + 51 * MS))  # another NIC
+    out = a.transition(StateChange("nic1", "down", "up", "carrier up", t + 3 * S, t + 3 * S))
+    # a signal while recovering is no witness of the failure
+    root = one(out + a.close_all(t + 5 * S), FAILOVER)
+    at = root.attributes
+    assert at["railhop.failover.first_source"] == "ebpf.carrier"
+    assert at["railhop.failover.first_signal"] == "carrier_down"
+    assert at["railhop.failover.witness.sources"] == (
+        "ebpf.carrier",
+        "netlink",
+        "verbs",
+        "ebpf.rdma",
+        "sysfs",
+    )
+    assert at["railhop.failover.witness.signals"] == ("carrier_down",) * 4 + ("counter_breach",)
+    assert at["railhop.failover.witness.offsets_ms"] == (0.0, 3.0, 43.0, 81.0, 198.0)
+    assert at["railhop.failover.source"] == "netlink"  # what took it DOWN is unchanged
+    seen = [e for e in root.events if e.name.startswith("seen by ")]
+    assert [e.name for e in seen] == [
+        "seen by ebpf.carrier",
+        "seen by netlink",
+        "seen by verbs",
+        "seen by ebpf.rdma",
+        "seen by sysfs",
+    ]
+    assert [e.time_ns - OFFSET - t for e in seen] == [2 * MS, 5 * MS, 45 * MS, 83 * MS, 200 * MS]
+    assert seen[3].attributes["railhop.detection.offset_ms"] == 81.0
+    assert seen[3].attributes["detail"] == "kprobe"
+    assert [e.time_ns for e in root.events] == sorted(e.time_ns for e in root.events)
+
+
+def test_signals_while_recovering_are_no_witnesses() -> None:
+    a = asm()
+    t = 60 * S
+    a.signal(Signal("nic0", "netlink", "carrier_down", t, t + 1 * MS))
+    a.transition(StateChange("nic0", "up", "down", "carrier down", t, t + 1 * MS))
+    a.transition(StateChange("nic0", "down", "recovering", "carrier up", t + 2 * S, t + 2 * S))
+    a.signal(Signal("nic0", "verbs", "carrier_down", t + 2 * S + 5 * MS, t + 2 * S + 6 * MS))
+    root = one(a.close_all(t + 4 * S), FAILOVER)
+    assert root.attributes["railhop.failover.witness.sources"] == ("netlink",)
+    assert "carrier_down while recovering" in [e.name for e in root.events]
+
+
+def test_witness_attrs_is_pure_and_empty_without_signals() -> None:
+    assert witness_attrs({}) == {}
+    w = {
+        "b": Signal("n", "b", "carrier_down", 7 * MS, 0),
+        "a": Signal("n", "a", "counter_breach", 7 * MS, 0),
+    }
+    got = witness_attrs(w)
+    assert got["railhop.failover.witness.sources"] == ("a", "b")  # a tie: by name
+    assert got["railhop.failover.witness.offsets_ms"] == (0.0, 0.0)
 
 
 def test_old_signals_do_not_count() -> None:

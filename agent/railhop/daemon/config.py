@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from railhop.sources.ebpf.loader import start_timeout_s
+
 
 class AgentError(Exception):
     """Base class of the daemon's errors (bad configuration, nothing to manage)."""
@@ -32,7 +34,8 @@ class AgentConfig:
     # (RDMA/driver eBPF probes, in the background too) and "verbs" (async events): only where
     # a managed NIC is an RDMA device
     sources: tuple[str, ...] = ("netlink", "sysfs", "ebpf", "rdma", "verbs")
-    ebpf_start_timeout_s: float = 180.0  # trial child + bcc compile, on a busy node
+    # trial child + bcc compile, on a busy node (RAILHOP_EBPF_TIMEOUT_S: sources.ebpf.loader)
+    ebpf_start_timeout_s: float = dataclasses.field(default_factory=start_timeout_s)
     status_interval_s: float = 0.25  # status.json at most this often
     traces: bool = False  # export failover traces as the OTEL_* variables say
     trace_file: Path | None = None  # also append OTLP/JSON lines here

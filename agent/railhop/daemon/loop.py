@@ -46,7 +46,13 @@ from railhop.jobs import JobCache
 from railhop.metrics import AgentMetrics, MetricsError, MetricsServer
 from railhop.policy import Plan, Policy, default_policy, load_policy, plan
 from railhop.procs import effective_uid, netns_ino
-from railhop.sources.base import Capability, Registry, Source
+from railhop.sources.base import (
+    CapabilitiesChange,
+    Capability,
+    Registry,
+    Source,
+    source_attached,
+)
 from railhop.sources.catalogue import SourceOptions, build_sources
 from railhop.sources.events import Event as SourceEvent
 from railhop.sources.events import PluginLaneEvent, VerbsAsync, VerbsWcError
@@ -737,15 +743,28 @@ class Agent:
         )
 
     def _source_up(self, s: Source, caps: Sequence[Capability]) -> None:
-        attached = not caps or any(c.attached for c in caps)
+        if isinstance(s, CapabilitiesChange):  # hooks that attach later flip the gauge then
+            loop = asyncio.get_running_loop()
+
+            def changed(now: list[Capability], src: Source = s) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nothing to update
+                    loop.call_soon_threadsafe(self._source_caps, src, now)
+
+            current = s.watch_capabilities(changed)
+            caps = current or caps
+        self._source_caps(s, caps)
         if self.metrics is not None:
-            self.metrics.sources.labels(s.name).set(1 if attached else 0)
             if isinstance(s, LaneStatsSource):
                 self.metrics.set_lane_stats(s.lane_stats)
             if isinstance(s, CompletionStatsSource):
                 self.metrics.set_verbs_stats(s.completion_stats, self._plugin_nics)
-        for c in caps:  # the capability report, logged once
+        for c in caps:  # the capability report, logged once (late hooks: by the source)
             log.info("%s", c.line())
+
+    def _source_caps(self, s: Source, caps: Sequence[Capability]) -> None:
+        """On the loop: a source's records, at its start or changed later."""
+        if self.metrics is not None:
+            self.metrics.sources.labels(s.name).set(1 if source_attached(caps) else 0)
 
     async def _loop_until_stopped(self) -> None:
         assert self.model is not None

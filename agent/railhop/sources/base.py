@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -134,6 +135,51 @@ class LoopBound(Protocol):
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None: ...
 
 
+CapabilityWatcher = Callable[[list["Capability"]], None]
+
+
+@runtime_checkable
+class CapabilitiesChange(Protocol):
+    """A source whose records can change after its start (hooks that attach later: the
+    ``rdma_cma`` tracepoints once ``rdma_cm`` loads). ``watch_capabilities(cb)`` returns the
+    records as they are now and calls ``cb`` with all of them, from any thread, whenever they
+    change after that."""
+
+    def watch_capabilities(self, cb: CapabilityWatcher) -> list[Capability]: ...
+
+
+def source_attached(caps: Sequence[Capability]) -> bool:
+    """Pure: whether a started source counts as attached (no records, or one attached)."""
+    return not caps or any(c.attached for c in caps)
+
+
+QUICK_TIMEOUT_ENV = "RAILHOP_SOURCE_TIMEOUT_S"
+QUICK_TIMEOUT_S = 30.0  # one quick (not eBPF) source's start
+
+
+def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A bound in seconds from the environment variable ``name`` (``default`` where unset or
+    empty); a value that is not a positive finite number is an error that names it."""
+    env = os.environ if environ is None else environ
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < float("inf"):
+        raise ValueError(f"{name}={raw!r}: want a positive number of seconds")
+    return v
+
+
+def source_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """The bound on one quick source's start (netlink, sysfs, verbs: imports and first reads):
+    ``RAILHOP_SOURCE_TIMEOUT_S`` where set (an emulated CPU needs more than the default 30 s
+    to import pyroute2 under load), else ``QUICK_TIMEOUT_S``."""
+    return env_seconds(QUICK_TIMEOUT_ENV, QUICK_TIMEOUT_S, environ)
+
+
 def starts_slowly(source: Source) -> bool:
     """Kernel-hook sources (``ebpf.*``: trial child + compile) start in the background."""
     return source.name.startswith("ebpf.")
@@ -215,21 +261,30 @@ class Registry:
         emit: Emit,
         on_started: StartedHook,
         *,
-        quick_timeout_s: float = 30.0,
+        quick_timeout_s: float | None = None,
         slow_timeout_s: float = 180.0,
     ) -> None:
         """Start the quick sources now (each within ``quick_timeout_s``) and the slow ones in
         the background (each within ``slow_timeout_s``); ``on_started(source, records)`` runs
         on the loop for each source that started. A source that raises or times out is logged
-        and left out; the others carry on."""
+        and left out; the others carry on. ``quick_timeout_s`` default: :func:`source_timeout_s`."""
+        quick_s = source_timeout_s() if quick_timeout_s is None else quick_timeout_s
         slow = [s for s in self._sources.values() if starts_slowly(s)]
         for s in self._sources.values():
             if s in slow:
                 continue
             try:
-                caps = await asyncio.wait_for(s.start(emit), quick_timeout_s)
+                caps = await asyncio.wait_for(s.start(emit), quick_s)
+            except TimeoutError:
+                log.warning(
+                    "source %s failed to start: not started within %g s (%s)",
+                    s.name,
+                    quick_s,
+                    QUICK_TIMEOUT_ENV,
+                )
+                continue
             except Exception as e:
-                log.warning("source %s failed to start: %s", s.name, e)
+                log.warning("source %s failed to start: %s", s.name, e or type(e).__name__)
                 continue
             self._up(s, caps, on_started)
         if slow:
@@ -253,6 +308,14 @@ class Registry:
                 t0 = time.monotonic()
                 try:
                     caps = await asyncio.wait_for(self._start_in_thread(s, emit), timeout_s)
+                except TimeoutError:
+                    log.warning(
+                        "source %s failed to start: not started within %g s"
+                        " (RAILHOP_EBPF_TIMEOUT_S)",
+                        s.name,
+                        timeout_s,
+                    )
+                    continue
                 except Exception as e:
                     log.warning("source %s failed to start: %s", s.name, e or type(e).__name__)
                     continue

@@ -8,7 +8,14 @@ back. Request::
     {"src": "/abs/probe.bpf.c", "base": [cflags], "chosen": [[cflags], ...],
      "hooks": [[{"i": 0, "cflags": [...]}, ...], ...],
      "usdt": null | {"path": ..., "probes": [[probe, fn]]},
-     "text": null | "<the composed program (sources/compose.py); else src is compiled>"}
+     "text": null | "<the composed program (sources/compose.py); else src is compiled>",
+     "together": false | true}
+
+With ``together``, the first candidate of every hook is first tried in one program with
+``chosen`` (``{"start": -2}``): when that loads, each of them is reported done and the whole
+as combined, one compile instead of one per hook plus one (a bcc compile takes about 95 s on an
+emulated CPU); when it fails (``{"together": false, "err": "..."}``), the hooks are tried one
+by one as below.
 
 For each hook its candidates are tried in order until one loads (``{"start": i}`` then
 ``{"done": i, "ok": true|false, "err": "..."}``); finally all winners plus ``chosen`` are loaded
@@ -25,6 +32,7 @@ import sys
 from typing import Any
 
 MARK = "@@railhop-trial "
+TOGETHER = -2  # the marker and "start" index of the all-first-candidates attempt
 
 
 def _mark(i: int) -> None:
@@ -65,6 +73,18 @@ def main() -> int:
     req = json.loads(sys.stdin.read())
     base: list[str] = list(req["base"])
     winners: list[list[str]] = [list(c) for c in req.get("chosen", [])]
+    firsts = [cands[0] for cands in req["hooks"] if cands]
+    if req.get("together") and firsts:
+        _mark(TOGETHER)
+        _emit({"start": TOGETHER})
+        flags = base + [f for w in winners for f in w] + [f for c in firsts for f in c["cflags"]]
+        err = _try(req, flags)
+        if not err:
+            for c in firsts:
+                _emit({"done": c["i"], "ok": True, "err": ""})
+            _emit({"combined": True, "err": ""})
+            return 0
+        _emit({"together": False, "err": err})
     for cands in req["hooks"]:
         for c in cands:
             _mark(c["i"])

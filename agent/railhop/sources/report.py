@@ -4,11 +4,12 @@ and what was skipped and why, stop them again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from railhop.sources.base import Capability, Registry, Source
-from railhop.sources.catalogue import SourceOptions, build_sources
+from railhop.sources.base import Capability, Registry, Source, starts_slowly
+from railhop.sources.catalogue import GROUPS, SourceOptions, build_sources
+from railhop.sources.ebpf.loader import START_TIMEOUT_S, start_timeout_s
 from railhop.sources.events import Event
 
 
@@ -18,9 +19,10 @@ def default_sources(
     thresholds: Mapping[str, float] | None = None,
     netns: str | None = None,
     root: str = "/",
+    groups: Collection[str] = GROUPS,
 ) -> list[Source]:
-    """Every source of the catalogue (:mod:`railhop.sources.catalogue`), in start order
-    (kernel hooks first)."""
+    """The sources of ``groups`` (default: every one) of the catalogue
+    (:mod:`railhop.sources.catalogue`), in start order (kernel hooks first)."""
     return build_sources(
         SourceOptions(
             ifnames=ifnames,
@@ -28,11 +30,19 @@ def default_sources(
             root=root,
             netlink_netns=netns,
             plugin_lib=plugin_lib,
-        )
+        ),
+        groups,
     )
 
 
-async def check_async(sources: Sequence[Source], timeout_s: float = 180.0) -> list[Capability]:
+async def check_async(
+    sources: Sequence[Source], timeout_s: float | None = None
+) -> list[Capability]:
+    """Start and stop ``sources`` within ``timeout_s`` (default: one eBPF source's start bound,
+    ``RAILHOP_EBPF_TIMEOUT_S``, per source that starts slowly, at least 180 s)."""
+    if timeout_s is None:
+        slow = sum(1 for s in sources if starts_slowly(s))
+        timeout_s = max(START_TIMEOUT_S, start_timeout_s() * max(1, slow))
     reg = Registry(sources, log_capabilities=False)  # the caller prints the records
 
     def discard(_ev: Event) -> None:

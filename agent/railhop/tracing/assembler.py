@@ -153,6 +153,42 @@ class _Failover:
     escalated: bool = False
     flaps: int = 0
     events: list[SpanEvent] = field(default_factory=list)
+    # every source that saw this failure: source -> its first signal (the failover's record of
+    # which signal came first and when the others followed; :func:`witness_attrs`)
+    witnesses: dict[str, Signal] = field(default_factory=dict)
+
+    def witness(self, sig: Signal) -> None:
+        """Remember ``sig`` when it is its source's first (or earlier than what it had)."""
+        had = self.witnesses.get(sig.source)
+        if had is None and len(self.witnesses) >= MAX_WITNESSES:
+            return
+        if had is None or sig.t_ns < had.t_ns:
+            self.witnesses[sig.source] = sig
+
+
+MAX_WITNESSES = 32  # sources remembered per failover (a node has a handful)
+
+
+def witness_order(witnesses: Mapping[str, Signal]) -> list[Signal]:
+    """Pure: each source's first signal, earliest first (ties: by source name)."""
+    return sorted(witnesses.values(), key=lambda s: (s.t_ns, s.source))
+
+
+def witness_attrs(witnesses: Mapping[str, Signal]) -> Attrs:
+    """Pure: the root span's record of every source that saw the failure, in the order they
+    saw it, with each one's delay after the first (``railhop.failover.witness.*``; empty
+    when none did)."""
+    order = witness_order(witnesses)
+    if not order:
+        return {}
+    t0 = order[0].t_ns
+    return {
+        "railhop.failover.first_source": order[0].source,
+        "railhop.failover.first_signal": order[0].signal,
+        "railhop.failover.witness.sources": tuple(s.source for s in order),
+        "railhop.failover.witness.signals": tuple(s.signal for s in order),
+        "railhop.failover.witness.offsets_ms": tuple(round((s.t_ns - t0) / 1e6, 3) for s in order),
+    }
 
 
 _BAD_LANE = {EventType.LANE_TIMEOUT: "lane_timeout", EventType.LANE_ERROR: "lane_error"}
@@ -298,6 +334,8 @@ class FailoverAssembler:
             for s in signals
         ]
         fo.detected = True
+        for s in signals:
+            fo.witness(s)
         return self._child(fo, DETECTION, start, end_ns, attrs, events=events)
 
     # -- inputs
@@ -318,6 +356,8 @@ class FailoverAssembler:
                 fo.events.append(
                     SpanEvent(f"{sig.signal} while recovering", self._wall(sig.t_ns), {})
                 )
+            else:  # a source that saw the failure after the failover opened
+                fo.witness(sig)
         return []
 
     def transition(self, tr: StateChange) -> list[SpanDesc]:
@@ -697,6 +737,21 @@ class FailoverAssembler:
         }
         if self.host:
             attrs["host.name"] = self.host
+        attrs.update(witness_attrs(fo.witnesses))
+        order = witness_order(fo.witnesses)
+        seen = [
+            SpanEvent(
+                f"seen by {s.source}",
+                self._wall(s.t_ns),
+                {
+                    "railhop.detection.source": s.source,
+                    "railhop.detection.signal": s.signal,
+                    "railhop.detection.offset_ms": round((s.t_ns - order[0].t_ns) / 1e6, 3),
+                    **({"detail": s.detail} if s.detail else {}),
+                },
+            )
+            for s in order
+        ]
         out.append(
             SpanDesc(
                 name=FAILOVER,
@@ -706,7 +761,7 @@ class FailoverAssembler:
                 start_ns=self._wall(fo.start_ns),
                 end_ns=self._wall(end),
                 attributes=attrs,
-                events=tuple(fo.events),
+                events=tuple(sorted([*seen, *fo.events], key=lambda e: e.time_ns)),
                 status="error" if fo.escalated else "unset",
                 status_message="escalated" if fo.escalated else "",
             )

@@ -87,6 +87,7 @@ class LateHooks:
                 return []
             self.sources.append(src)
             self.owner.capabilities = H.merge_caps(self.owner.capabilities, caps)
+        self.owner.capabilities_changed()  # e.g. the agent's railhop_sources gauge
         for c in caps:
             (log.info if c.attached else log.warning)("late: %s", c.line())
         return caps

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,24 @@ from railhop import paths
 from railhop.sources import btf as btfmod
 from railhop.sources import hooks as H
 from railhop.sources import kernel
-from railhop.sources.base import Reason, SourceError
+from railhop.sources.base import Reason, SourceError, env_seconds
+from railhop.sources.bpftrial import TOGETHER
 
-TRIAL_TIMEOUT_S = 120.0
+TIMEOUT_ENV = "RAILHOP_EBPF_TIMEOUT_S"
+START_TIMEOUT_S = 180.0  # one eBPF source's start (trial children + load), on a busy node
+TRIAL_SHARE = 2 / 3  # of the start's bound, for its trial children (120 s of 180 s)
+
+
+def start_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """The bound on one eBPF source's start: ``RAILHOP_EBPF_TIMEOUT_S`` (seconds) where set,
+    for nodes whose bcc compiles are slow (an emulated CPU takes about 95 s per program), else
+    ``START_TIMEOUT_S``. A value that is not a positive number is an error that says so."""
+    return env_seconds(TIMEOUT_ENV, START_TIMEOUT_S, environ)
+
+
+def trial_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """The trial children's share of :func:`start_timeout_s`."""
+    return start_timeout_s(environ) * TRIAL_SHARE
 
 
 class EbpfError(SourceError):
@@ -82,13 +98,17 @@ def run_trials(
     base: list[str],
     p: H.Plan,
     usdt: dict[str, Any] | None = None,
-    timeout_s: float = TRIAL_TIMEOUT_S,
+    timeout_s: float | None = None,
     text: str | None = None,
 ) -> H.TrialOutcome:
     """Try the plan's candidates in child processes; a child that dies on a candidate marks it
     failed and a fresh child goes on with the rest. ``text``: the composed program (else the
-    file ``src`` is compiled as it is)."""
+    file ``src`` is compiled as it is); ``timeout_s``: all children together (default
+    :func:`trial_timeout_s`)."""
+    if timeout_s is None:
+        timeout_s = trial_timeout_s()
     out = H.TrialOutcome()
+    together = True  # first: every hook's first choice in one compile (bpftrial's docstring)
     deadline = time.monotonic() + timeout_s
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -105,7 +125,9 @@ def run_trials(
             "hooks": [[{"i": c.index, "cflags": list(c.cflags)} for c in hc] for hc in todo],
             "usdt": usdt,
             "text": text,
+            "together": together,
         }
+        together = False
         left = deadline - time.monotonic()
         if left <= 0:
             out.combined_err = "trial deadline passed"
@@ -135,6 +157,8 @@ def run_trials(
                 continue
             if "start" in msg:
                 in_flight = int(msg["start"])
+            elif "together" in msg:  # failed together: the child goes on one by one
+                in_flight = None
             elif "done" in msg:
                 i = int(msg["done"])
                 err = str(msg["err"])
@@ -147,6 +171,8 @@ def run_trials(
         if finished:
             return out
         why = _with_diag(f"trial child died (rc {rc})", diag.get(in_flight, stderr))
+        if in_flight == TOGETHER:  # died on all of them together: a fresh child, one by one
+            continue
         if in_flight is None or in_flight < 0:
             out.combined_ok = False
             out.combined_err = why

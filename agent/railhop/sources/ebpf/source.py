@@ -19,7 +19,7 @@ from typing import Any
 
 from railhop import paths
 from railhop.sources import hooks as H
-from railhop.sources.base import Capability, Emit, Reason
+from railhop.sources.base import Capability, CapabilityWatcher, Emit, Reason, log
 from railhop.sources.bpfstats import ProgStats, prog_stats
 from railhop.sources.compose import ComposeError, compose
 from railhop.sources.decode import DecodeError, decode
@@ -57,6 +57,8 @@ class EbpfSource:
         self.decode_errors = 0
         self.poll_errors = 0
         self.chosen: list[H.Variant | None] = []
+        self._watchers: list[CapabilityWatcher] = []
+        self._watch_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -104,6 +106,23 @@ class EbpfSource:
         )
         caps, flags, self.chosen = H.resolve(self.spec, p, outcome)
         return caps, flags
+
+    def watch_capabilities(self, cb: CapabilityWatcher) -> list[Capability]:
+        """Call ``cb`` with every record whenever hooks attach or fail after the start
+        (:class:`railhop.sources.base.CapabilitiesChange`); returns the records now."""
+        with self._watch_lock:
+            self._watchers.append(cb)
+            return list(self.capabilities)
+
+    def capabilities_changed(self) -> None:
+        """Tell the watchers (from the thread that changed ``capabilities``)."""
+        with self._watch_lock:
+            caps, watchers = list(self.capabilities), list(self._watchers)
+        for cb in watchers:
+            try:
+                cb(caps)
+            except Exception as e:  # a watcher's trouble is its own
+                log.warning("%s: capability watcher: %s: %s", self.name, type(e).__name__, e)
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Deliver events on ``loop`` (call before ``start_sync``, from any thread)."""
