@@ -247,7 +247,11 @@ def test_agent_in_a_guest_marks_a_carrier_loss_down(lab: VmLab) -> None:
     argv = [railhop, "agent", "--nic", nics, "--sources", "netlink,sysfs,verbs"]
     argv += ["--run-dir", run_dir, "--no-traces", "--duration", "400"]
     log = lab.shared / "agent.err"
-    agent = lab.guests[node].start(argv, timeout=450, stdout=lab.shared / "agent.out", stderr=log)
+    # a quick source may take over 30 s to start on the guest's one emulated vCPU under load
+    env = {"RAILHOP_SOURCE_TIMEOUT_S": "200"}
+    agent = lab.guests[node].start(
+        argv, timeout=450, stdout=lab.shared / "agent.out", stderr=log, env=env
+    )
     try:
         deadline = time.monotonic() + 240
         while True:
