@@ -392,6 +392,50 @@ static void test_gid_index(void)
 	EXPECT_EQ(system(cmd), 0);
 }
 
+/* The RDMA device behind an interface: Soft-RoCE's port lists it in gid_attrs/ndevs, a PCI
+ * device sits under the interface's device/infiniband; every NIC must have one for auto. */
+static void test_netdev_ibdev(void)
+{
+	char root[] = "/tmp/rh_verbs_ndevXXXXXX", p[512], cmd[1200], dev[64], why[256];
+	const char *both[] = { "eth1", "eth2" }, *three[] = { "eth1", "eth2", "eth3" };
+	int port = 0;
+
+	EXPECT(mkdtemp(root) != NULL);
+	snprintf(cmd, sizeof(cmd),
+		 "mkdir -p %s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs "
+		 "%s/sys/class/infiniband/mlx5_1/ports/1/gid_attrs/ndevs "
+		 "%s/sys/class/net/eth2/device/infiniband/mlx5_0 %s/sys/class/net/eth3",
+		 root, root, root, root);
+	EXPECT_EQ(system(cmd), 0);
+	snprintf(p, sizeof(p), "%s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0", root);
+	put_file(p, "eth10\n"); /* a prefix of nothing asked for: never matches eth1 */
+	snprintf(p, sizeof(p), "%s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/3", root);
+	put_file(p, "eth1\n");
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth1", dev, sizeof(dev), &port), 0);
+	EXPECT(strcmp(dev, "rxe0") == 0);
+	EXPECT_EQ(port, 1);
+	port = 0;
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth2", dev, sizeof(dev), &port), 0);
+	EXPECT(strcmp(dev, "mlx5_0") == 0);
+	EXPECT_EQ(port, 1);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth3", dev, sizeof(dev), &port), -ENOENT);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth1", dev, 4, &port), -ENAMETOOLONG);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "../x", dev, sizeof(dev), &port), -EINVAL);
+	EXPECT(verbs_netdevs_rdma(root, both, 2, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth1=rxe0:1 eth2=mlx5_0:1") == 0);
+	EXPECT(!verbs_netdevs_rdma(root, three, 3, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth3 is not an RDMA device") == 0);
+	EXPECT(!verbs_netdevs_rdma(root, three, 0, why, sizeof(why)));
+	/* no RDMA devices at all (the netns fabric): auto must not take verbs */
+	snprintf(cmd, sizeof(cmd), "rm -rf %s/sys/class/infiniband %s/sys/class/net/eth2/device",
+		 root, root);
+	EXPECT_EQ(system(cmd), 0);
+	EXPECT(!verbs_netdevs_rdma(root, both, 2, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth1 is not an RDMA device") == 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	EXPECT_EQ(system(cmd), 0);
+}
+
 int main(void)
 {
 	test_params();
@@ -403,6 +447,7 @@ int main(void)
 	test_async_events();
 	test_mr_cache();
 	test_gid_index();
+	test_netdev_ibdev();
 	verbs_ib_use(NULL);
 	TEST_DONE();
 }

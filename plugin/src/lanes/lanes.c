@@ -10,6 +10,32 @@
 #include "../log.h"
 #include "../param.h"
 #include "lanes.h"
+#ifdef RH_HAVE_VERBS
+#include "verbs/netdev.h"
+#endif
+
+/* RAILHOP_TRANSPORT=verbs, and auto on hosts whose every managed NIC is an RDMA device. The
+ * verbs lane has its device phases only (lanes/verbs/): no lane_ops table yet, so verbs is
+ * refused (a clear error, never a silent fallback) and auto says why it keeps its choice. */
+static void verbs_auto_note(void)
+{
+#ifdef RH_HAVE_VERBS
+	const char *names[RH_MAX_NICS];
+	char why[512];
+	int n = rh_core_nic_count();
+
+	for (int i = 0; i < n && i < RH_MAX_NICS; i++) {
+		names[i] = rh_core_nic(i)->ifname;
+	}
+	if (verbs_netdevs_rdma("", names, n, why, sizeof(why))) {
+		INFO_INIT("transport auto: every NIC is an RDMA device (%s), but the verbs lane is "
+			  "not built yet (device phases only): not taken",
+			  why);
+	} else {
+		INFO_INIT("transport auto: verbs not taken (%s)", why);
+	}
+#endif
+}
 
 const struct lane_ops *rh_lanes_choose(void)
 {
@@ -19,9 +45,17 @@ const struct lane_ops *rh_lanes_choose(void)
 		INFO_INIT("transport tcp (RAILHOP_TRANSPORT=tcp)");
 		return &tcp_lane_ops;
 	}
+	if (!strcmp(t, "verbs")) {
+		WARN("RAILHOP_TRANSPORT=verbs: the verbs lane has its device phases only (no lane_ops "
+		     "table yet); use ofi (FI_PROVIDER=verbs) or tcp");
+		return NULL;
+	}
 	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
 		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
 		return NULL;
+	}
+	if (!strcmp(t, "auto")) {
+		verbs_auto_note();
 	}
 #ifdef RH_HAVE_OFI
 	if (!strcmp(t, "ofi")) {

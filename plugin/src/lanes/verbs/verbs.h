@@ -7,6 +7,7 @@
  *   proto.[ch]  the pure protocol: write immediates naming adverts, advert ids, the QP address
  *               codec, the verdicts on completions and events (unit-tested)
  *   gid.c       the RoCE v2 GID of a NIC address, from sysfs (root= for fixtures)
+ *   netdev.[ch] the RDMA device and port behind a network interface, from sysfs (root=)
  *   qp.c        queue pairs: create, RESET -> INIT -> RTR -> RTS, to ERROR, re-create
  *   poll.c      completion queues: drain, classify, the first failure
  *   mr.c        one registration cache per protection domain; dmabuf registration
@@ -25,6 +26,7 @@
 #include <stdint.h>
 
 #include "../ofi/proto.h" /* the registration cache's pure range table (ofi_rc_*) */
+#include "netdev.h"
 #include "proto.h"
 #include "shim.h"
 
