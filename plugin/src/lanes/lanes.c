@@ -12,12 +12,11 @@
 #include "lanes.h"
 #ifdef RH_HAVE_VERBS
 #include "verbs/netdev.h"
+#include "verbs/shim.h"
 #endif
 
-/* RAILHOP_TRANSPORT=verbs, and auto on hosts whose every managed NIC is an RDMA device. The
- * verbs lane has its device phases only (lanes/verbs/): no lane_ops table yet, so verbs is
- * refused (a clear error, never a silent fallback) and auto says why it keeps its choice. */
-static void verbs_auto_note(void)
+/* auto: verbs where every managed NIC is an RDMA device (sysfs) and libibverbs loads. */
+static bool verbs_auto(void)
 {
 #ifdef RH_HAVE_VERBS
 	const char *names[RH_MAX_NICS];
@@ -27,13 +26,22 @@ static void verbs_auto_note(void)
 	for (int i = 0; i < n && i < RH_MAX_NICS; i++) {
 		names[i] = rh_core_nic(i)->ifname;
 	}
-	if (verbs_netdevs_rdma("", names, n, why, sizeof(why))) {
-		INFO_INIT("transport auto: every NIC is an RDMA device (%s), but the verbs lane is "
-			  "not built yet (device phases only): not taken",
-			  why);
-	} else {
+	if (!verbs_netdevs_rdma("", names, n, why, sizeof(why))) {
 		INFO_INIT("transport auto: verbs not taken (%s)", why);
+		return false;
 	}
+	if (!verbs_ib_load()) {
+		INFO_INIT("transport auto: every NIC is an RDMA device (%s), but libibverbs.so.1 "
+			  "does not load: verbs not taken",
+			  why);
+		return false;
+	}
+	verbs_ib_unload();
+	INFO_INIT("transport verbs (auto: every NIC is an RDMA device: %s)", why);
+	return true;
+#else
+	INFO_INIT("transport auto: verbs not taken (built without infiniband/verbs.h)");
+	return false;
 #endif
 }
 
@@ -46,16 +54,23 @@ const struct lane_ops *rh_lanes_choose(void)
 		return &tcp_lane_ops;
 	}
 	if (!strcmp(t, "verbs")) {
-		WARN("RAILHOP_TRANSPORT=verbs: the verbs lane has its device phases only (no lane_ops "
-		     "table yet); use ofi (FI_PROVIDER=verbs) or tcp");
+#ifdef RH_HAVE_VERBS
+		INFO_INIT("transport verbs (RAILHOP_TRANSPORT=verbs)");
+		return &verbs_lane_ops;
+#else
+		WARN("RAILHOP_TRANSPORT=verbs, but this plugin was built without "
+		     "infiniband/verbs.h (install libibverbs-dev and rebuild)");
 		return NULL;
+#endif
 	}
 	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
-		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
+		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp, ofi or verbs", t);
 		return NULL;
 	}
-	if (!strcmp(t, "auto")) {
-		verbs_auto_note();
+	if (!strcmp(t, "auto") && verbs_auto()) {
+#ifdef RH_HAVE_VERBS
+		return &verbs_lane_ops;
+#endif
 	}
 #ifdef RH_HAVE_OFI
 	if (!strcmp(t, "ofi")) {

@@ -62,6 +62,11 @@ struct ibv_qp *verbs_qp_create(struct ibv_pd *pd, struct ibv_cq *cq,
  * hello), this side sending from local_psn. 0 or -errno (the step that failed is logged). */
 int verbs_qp_connect(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
 		     const struct verbs_qp_info *remote);
+/* The two halves of verbs_qp_connect: RESET -> INIT (receives may be posted from then on), and
+ * INIT -> RTR -> RTS. 0 or -errno (logged). */
+int verbs_qp_init(struct ibv_qp *qp, const struct verbs_qp_params *p);
+int verbs_qp_ready(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
+		   const struct verbs_qp_info *remote);
 /* Move to ERROR: outstanding work requests flush, the responder drops later packets (the
  * receiver's fence). 0 or -errno. */
 int verbs_qp_error(struct ibv_qp *qp);
