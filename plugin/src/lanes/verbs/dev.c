@@ -101,6 +101,14 @@ int verbs_dev_open(int nic)
 		goto fail;
 	}
 	d->mrc.pd = d->pd;
+	if (verbs_ib.create_comp_channel) {
+		d->ch = verbs_ib.create_comp_channel(d->ctx);
+		if (d->ch &&
+		    fcntl(d->ch->fd, F_SETFL, fcntl(d->ch->fd, F_GETFL) | O_NONBLOCK) < 0) {
+			verbs_ib.destroy_comp_channel(d->ch);
+			d->ch = NULL;
+		}
+	}
 	rc = open_listener(d, n->ipv4, &port);
 	if (rc < 0) {
 		WARN("verbs: cannot listen on %s: %s", n->ifname, strerror(-rc));
@@ -110,6 +118,9 @@ int verbs_dev_open(int nic)
 	atomic_store_explicit(&d->ok, true, memory_order_release);
 	verbs_io_watch(d->lfd, NULL, VB_TAG_LISTEN(nic));
 	verbs_io_watch(d->ctx->async_fd, NULL, VB_TAG_ASYNC(nic));
+	if (d->ch) {
+		verbs_io_watch(d->ch->fd, NULL, VB_TAG_CHAN(nic));
+	}
 	INFO("verbs: lane listener on %s port %u, device %s port %u, GID index %d, MTU %d",
 	     n->ifname, ntohs(port), d->name, d->port, d->gid_index, 128 << d->mtu);
 	return 0;
@@ -133,6 +144,10 @@ void verbs_dev_close(int nic)
 		pthread_mutex_unlock(&d->mr_mu);
 		verbs_ib.dealloc_pd(d->pd);
 		d->pd = NULL;
+	}
+	if (d->ch) {
+		verbs_ib.destroy_comp_channel(d->ch);
+		d->ch = NULL;
 	}
 	if (d->ctx) {
 		verbs_ib.close_device(d->ctx);

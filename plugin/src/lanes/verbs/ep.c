@@ -104,7 +104,7 @@ int verbs_ep_qp(struct vb_ep *e)
 	if (!e->arena_mr) {
 		return errno ? -errno : -ENOMEM;
 	}
-	e->cq = verbs_ib.create_cq(e->d->ctx, 2 * (VB_NRX + VB_NTX + VB_NWR), e, NULL, 0);
+	e->cq = verbs_ib.create_cq(e->d->ctx, 2 * (VB_NRX + VB_NTX + VB_NWR), e, e->d->ch, 0);
 	if (!e->cq) {
 		return errno ? -errno : -ENOMEM;
 	}

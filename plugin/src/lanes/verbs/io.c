@@ -3,8 +3,9 @@
  * verbs lanes, I/O (lane.h): the one I/O thread owns every endpoint, queue pair and completion
  * queue. Each pass: fenced lanes' queue pairs go first (rule 1), then the listeners, the
  * devices' asynchronous events, every completion queue, the handshakes, and the pump (control
- * frames from the core, adverts, writes). Completion queues are polled (the thread waits at
- * most 1 ms while any queue pair exists).
+ * frames from the core, adverts, writes). Idle, the thread sleeps in epoll until a listener,
+ * a device's asynchronous event, a completion channel (every CQ of a NIC reports there once
+ * armed) or a kick wakes it, or 20 ms pass (handshake deadlines).
  */
 
 #include "lane.h"
@@ -257,6 +258,12 @@ static bool poll_cq(struct vb_ep *e)
 		return false;
 	}
 	n = verbs_cq_drain(e->cq, 64, on_wc, e, &f, &nfail);
+	if (n == 0 && e->d->ch && !e->armed && e->st != VS_CLOSED) {
+		/* idle: ask for an event on the next completion, then look once more (one may have
+		 * come in between) */
+		e->armed = ibv_req_notify_cq(e->cq, 0) == 0;
+		n = verbs_cq_drain(e->cq, 64, on_wc, e, &f, &nfail);
+	}
 	if (n < 0) {
 		verbs_ep_fail(e, n, "completion queue poll failed");
 		return true;
@@ -347,10 +354,40 @@ static bool io_pass(uint64_t now)
 	return busy;
 }
 
+/* Completion events: acknowledged at once; their queue is polled by the next pass. */
+static void read_cq_events(void)
+{
+	for (int i = 0; i < rh_core_nic_count() && i < RH_MAX_NICS; i++) {
+		struct vb_dev *d = &verbs_devs[i];
+		struct ibv_cq *cq;
+		void *ctx;
+
+		if (!atomic_load(&d->ok) || !d->ch) {
+			continue;
+		}
+		while (verbs_ib.get_cq_event(d->ch, &cq, &ctx) == 0) {
+			verbs_ib.ack_cq_events(cq, 1);
+			((struct vb_ep *)ctx)->armed = false;
+		}
+	}
+}
+
+/* Without completion channels (an old library) the queues are polled every millisecond while
+ * any endpoint exists. */
+static bool polled(void)
+{
+	for (int i = 0; i < rh_core_nic_count() && i < RH_MAX_NICS; i++) {
+		if (atomic_load(&verbs_devs[i].ok) && !verbs_devs[i].ch) {
+			return true;
+		}
+	}
+	return false;
+}
+
 static void io_wait(void)
 {
 	struct epoll_event ev[32];
-	int n = epoll_wait(verbs_epfd, ev, 32, verbs_eps ? 1 : 50);
+	int n = epoll_wait(verbs_epfd, ev, 32, verbs_eps && polled() ? 1 : 20);
 
 	for (int i = 0; i < n; i++) {
 		uint64_t t = ev[i].data.u64;
@@ -365,6 +402,7 @@ static void io_wait(void)
 		}
 		/* listeners and devices' events: every pass reads them (io_pass) */
 	}
+	read_cq_events();
 }
 
 void *verbs_io_main(void *arg)

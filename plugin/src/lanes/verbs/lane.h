@@ -31,7 +31,7 @@
  *
  * Files: dev.c (per-NIC device, protection domain, registration cache, listener), ep.c
  * (endpoints: handshake, queue pair, send slots, close), fence.c (adverts and writes), io.c
- * (the one I/O thread), ops.c (the lane_ops table, verbs_lane_ops).
+ * (the one I/O thread, woken by the NICs' completion channels), ops.c (the lane_ops table, verbs_lane_ops).
  */
 #ifndef RH_VERBS_LANE_H
 #define RH_VERBS_LANE_H
@@ -111,6 +111,7 @@ struct vb_dev {
 	union ibv_gid gid;
 	enum ibv_mtu mtu;
 	int lfd; /* the lane listener (TCP, the hellos) */
+	struct ibv_comp_channel *ch; /* completion events of every CQ of the NIC (NULL: polled) */
 	pthread_mutex_t mr_mu; /* the cache: the I/O thread and forget() */
 	struct verbs_mr_cache mrc;
 };
@@ -137,6 +138,7 @@ struct vb_ep {
 	uint8_t *hout; /* handshake bytes to send */
 	size_t hout_len, hout_off;
 	struct ibv_cq *cq;
+	bool armed; /* cq asked for its next completion event (not delivered yet) */
 	struct ibv_qp *qp;
 	struct verbs_qp_params qpp;
 	uint32_t psn;
@@ -212,10 +214,11 @@ void *verbs_io_main(void *arg);
  * descriptor named by tag, level-triggered input). */
 void verbs_io_watch(int fd, void *ptr, uint64_t tag);
 
-/* epoll tags for the per-NIC descriptors (data.u64 below RH_MAX_NICS * 2 + 1) */
+/* epoll tags for the per-NIC descriptors (data.u64 below VB_TAG_MAX; endpoints by pointer) */
 #define VB_TAG_KICK 0
-#define VB_TAG_LISTEN(nic) (1 + 2 * (uint64_t)(nic))
-#define VB_TAG_ASYNC(nic) (2 + 2 * (uint64_t)(nic))
-#define VB_TAG_MAX (1 + 2 * RH_MAX_NICS)
+#define VB_TAG_LISTEN(nic) (1 + 3 * (uint64_t)(nic))
+#define VB_TAG_ASYNC(nic) (2 + 3 * (uint64_t)(nic))
+#define VB_TAG_CHAN(nic) (3 + 3 * (uint64_t)(nic))
+#define VB_TAG_MAX (1 + 3 * RH_MAX_NICS)
 
 #endif
