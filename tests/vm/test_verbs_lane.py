@@ -45,10 +45,11 @@ def _logs(run: VmHarnessRun) -> dict[str, str]:
 def test_verbs_lane_data_path(lab: VmLab, built: None) -> None:
     """Four connections over the four rails, every byte checked, both sides exit 0, and the
     lanes really are the verbs lane's (its listeners on every NIC, no other transport)."""
-    cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), count=48, inflight=4, deadline=240)
+    # emulated rxe under a loaded host moves 1-10 MB/s in all: a generous deadline
+    cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), count=16, inflight=4, deadline=400)
     with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True) as run:
         res = run.wait()
-    _check_clean(res, 48 * MiB)
+    _check_clean(res, 4 * 16 * MiB)
     for role, log in _logs(run).items():
         assert "transport verbs (RAILHOP_TRANSPORT=verbs)" in log, (role, log[-3000:])
         for nic in range(lab.nics):
@@ -57,20 +58,21 @@ def test_verbs_lane_data_path(lab: VmLab, built: None) -> None:
 
 def test_verbs_lane_through_a_remote_carrier_loss(lab: VmLab, built: None) -> None:
     """Carrier loss at the remote end of rail 0 (QMP on the receiver's guest) during traffic: the
-    sender's queue pair gets no ACKs, the receiver's port goes down (async event). Traffic moves
-    to the other rails, the rail heals, traffic keeps moving after the fail-back (new queue
-    pairs); every byte checked, both exit 0."""
-    cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), duration=100, inflight=4, deadline=300)
+    sender's queue pair gets no ACKs, the receiver's port goes down. The connection on rail 0
+    fails over (the core replays what the receiver lacks) and every connection keeps moving; the
+    rail heals, the connection fails back onto a new queue pair there and traffic keeps moving;
+    every byte checked, both exit 0."""
+    cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), duration=150, inflight=4, deadline=400)
     with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True) as run:
-        wait_for_bytes(run, 8 * MiB, 180)
+        wait_for_bytes(run, 4 * MiB, 240)
         lab.carrier_down(0, 0, "remote")
         lab.wait_ports(1, {0: "DOWN"}, 30)
-        wait_for_each_conn(run, 4 * MiB, 120)
+        wait_for_each_conn(run, 2 * MiB, 200)
         lab.heal(0)
-        wait_for_each_conn(run, 4 * MiB, 120)
+        wait_for_each_conn(run, 2 * MiB, 200)
         res = run.wait()
-    _check_clean(res, 24 * MiB)
-    logs = _logs(run)
-    assert "lane" in logs["send"] and "failover" in (logs["send"] + logs["recv"]).lower(), logs[
-        "send"
-    ][-3000:]
+    _check_clean(res, 16 * MiB)
+    send = _logs(run)["send"]
+    # the move off rail 0 and the return to it (the run goes on 150 s, long past the heal)
+    assert "failover: nic0 -> peer NIC 0 failed" in send, send[-4000:]
+    assert "fail-back: nic0 -> peer NIC 0 is healthy again" in send, send[-4000:]
