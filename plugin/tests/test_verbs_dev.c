@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include "../src/lanes/verbs/verbs.h"
+#include "../src/core/wire.h"
 #include "../src/param.h"
 #include "check.h"
 #include "fake_ibv.h"
@@ -156,6 +157,51 @@ static void test_connect(void)
 	verbs_ib.destroy_cq(cq);
 	EXPECT_EQ(fake.nqp_live, 0);
 	EXPECT_EQ(fake.ncq_live, 0);
+}
+
+/* The lane's handshake order: the opener's queue pair to INIT (its receives posted) before its
+ * hello leaves, RTR/RTS once the reply's address is in; the address travels in the hello's
+ * transport bytes and comes out unchanged. */
+static void test_connect_in_two_halves(void)
+{
+	struct verbs_qp_params p = params();
+	struct verbs_qp_info r = peer(), got;
+	struct rh_hello h = { .kind = RH_HELLO_LANE, .nstreams = 1 }, g;
+	uint8_t b[1024];
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	int len;
+
+	fake_ibv_reset();
+	cq = verbs_ib.create_cq(&fake.ctx, 128, NULL, NULL, 0);
+	qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT(qp != NULL);
+	if (!qp) {
+		return;
+	}
+	EXPECT_EQ(verbs_qp_init(qp, &p), 0);
+	EXPECT_EQ(qp->state, IBV_QPS_INIT);
+	verbs_qp_info_put(&r, h.tp);
+	h.tp_len = VERBS_QP_INFO_LEN;
+	len = rh_hello_put(&h, b, sizeof(b));
+	EXPECT(len > 0);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), 0);
+	EXPECT_EQ(verbs_qp_info_get(g.tp, g.tp_len, &got), 0);
+	EXPECT_EQ(got.qpn, r.qpn);
+	EXPECT_EQ(got.psn, r.psn);
+	EXPECT(!memcmp(got.gid, r.gid, 16));
+	EXPECT_EQ(verbs_qp_ready(qp, &p, 0x55, &got), 0);
+	EXPECT_EQ(qp->state, IBV_QPS_RTS);
+	EXPECT_EQ(fake_qp_of(qp)->attr.dest_qp_num, r.qpn);
+	EXPECT_EQ(fake_qp_of(qp)->attr.sq_psn, 0x55);
+	/* RTR straight from RESET is refused: INIT comes first */
+	verbs_ib.destroy_qp(qp);
+	qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT_EQ(verbs_qp_ready(qp, &p, 1, &got), -EINVAL);
+	EXPECT_EQ(qp->state, IBV_QPS_RESET);
+	verbs_ib.destroy_qp(qp);
+	verbs_ib.destroy_cq(cq);
+	EXPECT_EQ(fake.nqp_live, 0);
 }
 
 struct seen {
@@ -443,6 +489,7 @@ int main(void)
 	fake_ibv_reset();
 	test_shim();
 	test_connect();
+	test_connect_in_two_halves();
 	test_error_completion();
 	test_async_events();
 	test_mr_cache();

@@ -319,6 +319,27 @@ void verbs_ep_start(struct vb_ep *e)
 	verbs_ep_fail(e, rc, "cannot connect the handshake");
 }
 
+/* Anyone who reaches a NIC can connect to its listener: at most VB_HS_MAX accepted handshakes
+ * wait for their hello; one more closes the oldest of them (each also has its deadline). */
+static void hs_room(void)
+{
+	struct vb_ep *oldest = NULL;
+	int n = 0;
+
+	for (struct vb_ep *o = verbs_eps; o; o = o->next) {
+		if (o->kind != VK_ACCEPTED || o->st != VS_HELLO_IN) {
+			continue;
+		}
+		n++;
+		if (!oldest || o->deadline_ms < oldest->deadline_ms) {
+			oldest = o;
+		}
+	}
+	if (n >= VB_HS_MAX && oldest) {
+		verbs_ep_close(oldest);
+	}
+}
+
 void verbs_ep_accept(int nic, int lfd)
 {
 	for (int k = 0; k < 16; k++) {
@@ -328,6 +349,7 @@ void verbs_ep_accept(int nic, int lfd)
 		if (fd < 0) {
 			return;
 		}
+		hs_room();
 		e = verbs_ep_new(VK_ACCEPTED, nic);
 		if (!e) {
 			close(fd);

@@ -60,6 +60,7 @@
 #define VB_HELLO_MAX 4096
 #define VB_HS_MS 2000 /* a handshake's time beyond two probe timeouts (ep.c) */
 #define VB_ADV_WAIT_TIMEOUTS 3
+#define VB_HS_MAX 256 /* accepted handshakes waiting for their hello (ep.c) */
 
 enum vb_kind {
 	VK_LANE, /* opened here */
