@@ -8,6 +8,8 @@ instead of skipping.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import require_built
@@ -76,3 +78,27 @@ def test_verbs_lane_through_a_remote_carrier_loss(lab: VmLab, built: None) -> No
     # the move off rail 0 and the return to it (the run goes on 150 s, long past the heal)
     assert "failover: nic0 -> peer NIC 0 failed" in send, send[-4000:]
     assert "fail-back: nic0 -> peer NIC 0 is healthy again" in send, send[-4000:]
+
+
+def test_verbs_lane_every_rail_down_is_a_clean_error(lab: VmLab, built: None) -> None:
+    """Every rail loses carrier at the receiver's end during traffic: no NIC pair is left, so
+    both sides end with a clean request error (ncclRemoteError / a failed request, no data
+    error, no hang) instead of waiting for the harness's deadline."""
+    cfg = HarnessConfig(
+        conns=2, sizes=(1 * MiB,), duration=200, inflight=4, deadline=300, expect_error=True
+    )
+    with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True, grace_s=10) as run:
+        wait_for_bytes(run, 4 * MiB, 240)
+        t_fault = time.monotonic() - run.started_at
+        for nic in range(lab.nics):
+            lab.carrier_down(0, nic, "remote")
+        # detection (8 s completion timeout) and the probes (10 s each) under emulation: the
+        # error must come long before the 200 s run or the 300 s deadline would end it
+        res = run.wait(timeout=t_fault + 150)
+    for side in (res.send, res.recv):
+        assert not side.timed_out, res.describe()
+        assert side.returncode == 0, res.describe()  # --expect-error: a clean error only
+        s = side.summary
+        assert s is not None and s.data_errors == 0, res.describe()
+        assert s.first_error is not None and s.first_error.clean, res.describe()
+        assert s.first_error.t < t_fault + 150, res.describe()
