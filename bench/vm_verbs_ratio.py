@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The ofi lane over libfabric's verbs provider against ``ib_write_bw`` on the same rxe rail.
+"""The verbs lane and the ofi lane over libfabric's verbs, against ``ib_write_bw`` on one rxe rail.
 
-Both run in one boot of the Soft-RoCE VM lab (docs/lab.md): node 0 sends to node 1 over rail 0
-only, rounds alternate ``ib_write_bw`` (RDMA writes, one QP, 1 MiB messages) and the plugin
-(``railhop-harness``, one connection on device 0, 1 MiB messages, the lane's RDMA writes with
-every byte checked), each for the same duration. The guests' CPUs are emulated: the absolute
-numbers say nothing about hardware; the ratio of the medians is the result.
+All run in one boot of the Soft-RoCE VM lab (docs/lab.md): node 0 sends to node 1 over rail 0
+only; each round runs ``ib_write_bw`` (RDMA writes, one QP, 1 MiB messages), then the plugin
+(``railhop-harness``, one connection on device 0, 1 MiB messages, every byte checked) with the
+ofi lane over libfabric's verbs provider (``RAILHOP_TRANSPORT=ofi``) and with the native verbs
+lane (``RAILHOP_TRANSPORT=verbs``), each for the same duration. The guests' CPUs are emulated:
+the absolute numbers say nothing about hardware; the ratios of the medians are the result
+(verbs lane / ib_write_bw, verbs lane / ofi lane, ofi lane / ib_write_bw).
 
     sudo .venv/bin/python bench/vm_verbs_ratio.py [--rounds 5] [--seconds 10] [--json out.json]
 """
@@ -59,12 +61,18 @@ def ib_write_bw(lab: VmLab, seconds: float) -> float:
     return parse_ib_write_bw(client.stdout)
 
 
-def lane(lab: VmLab, seconds: float) -> float:
+LANES = {
+    "ofi": {"RAILHOP_TRANSPORT": "ofi", "FI_PROVIDER": "verbs"},
+    "verbs": {"RAILHOP_TRANSPORT": "verbs"},
+}
+
+
+def lane(lab: VmLab, seconds: float, transport: str) -> float:
     cfg = HarnessConfig(
         conns=1, devs=(0,), sizes=(MiB,), duration=seconds, inflight=8, deadline=seconds + 120
     )
     # one NIC for the plugin too: no other rail to spread over
-    env = {"RAILHOP_NICS": f"={lab.ifname(0)}:0"}
+    env = {"RAILHOP_NICS": f"={lab.ifname(0)}:0", **LANES[transport]}
     with VmHarnessRun(lab, cfg, env=env) as run:
         res = run.wait()
     if not res.ok or res.recv.summary is None:
@@ -86,18 +94,34 @@ def main() -> int:
             f"guests up (kvm={lab.kvm}); rail 0, {a.rounds} rounds of {a.seconds:g} s", flush=True
         )
         for k in range(a.rounds):
-            ib = ib_write_bw(lab, a.seconds)
-            ln = lane(lab, a.seconds)
-            rows.append({"ib_write_bw_gbps": ib, "lane_gbps": ln})
-            print(f"round {k + 1}: ib_write_bw {ib:.4f} Gbit/s, lane {ln:.4f} Gbit/s", flush=True)
-    ib_med = statistics.median(r["ib_write_bw_gbps"] for r in rows)
-    ln_med = statistics.median(r["lane_gbps"] for r in rows)
-    ratio = ln_med / ib_med if ib_med > 0 else float("nan")
-    print(f"median: ib_write_bw {ib_med:.4f} Gbit/s, lane {ln_med:.4f} Gbit/s")
-    print(f"ofi-over-verbs lane / ib_write_bw: {ratio:.2f}x (emulated CPUs: compare ratios only)")
+            row = {"ib_write_bw_gbps": ib_write_bw(lab, a.seconds)}
+            for t in LANES:
+                row[f"{t}_gbps"] = lane(lab, a.seconds, t)
+            rows.append(row)
+            print(
+                f"round {k + 1}: ib_write_bw {row['ib_write_bw_gbps']:.4f} Gbit/s, "
+                f"ofi lane {row['ofi_gbps']:.4f}, verbs lane {row['verbs_gbps']:.4f}",
+                flush=True,
+            )
+    med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+    def ratio(x: str, y: str) -> float:
+        return med[x] / med[y] if med[y] > 0 else float("nan")
+
+    ratios = {
+        "verbs_lane/ib_write_bw": ratio("verbs_gbps", "ib_write_bw_gbps"),
+        "verbs_lane/ofi_lane": ratio("verbs_gbps", "ofi_gbps"),
+        "ofi_lane/ib_write_bw": ratio("ofi_gbps", "ib_write_bw_gbps"),
+    }
+    print(
+        f"median: ib_write_bw {med['ib_write_bw_gbps']:.4f} Gbit/s, "
+        f"ofi lane {med['ofi_gbps']:.4f}, verbs lane {med['verbs_gbps']:.4f}"
+    )
+    for name, r in ratios.items():
+        print(f"{name}: {r:.2f}x (emulated CPUs: compare ratios only)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rounds": rows, "ratio": ratio}, f, indent=1)
+            json.dump({"rounds": rows, "medians": med, "ratios": ratios}, f, indent=1)
     return 0
 
 

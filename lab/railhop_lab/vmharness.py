@@ -7,7 +7,8 @@ the directory every guest shares, and the host reads the progress lines from tho
 plugin and the harness are the host's builds (the guests see the host's root file system).
 
 :data:`VERBS_ENV` runs the ofi lane over libfabric's ``verbs`` provider on the guests' rxe
-devices, with the plugin's time limits raised for emulated time.
+devices, with the plugin's time limits raised for emulated time; a run's ``env`` overrides it
+(``RAILHOP_TRANSPORT=verbs``: the plugin's own verbs lane, tests/vm/test_verbs_lane.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from railhop_lab.vmlab import GuestJob, VmLab, VmLabError
 # Emulated CPUs run the plugin ~20-50x slower than a host: a chunk's completion and a probe's
 # answer get more time before the lane counts as failed (milliseconds).
 VERBS_ENV: dict[str, str] = {
-    "RAILHOP_TRANSPORT": "auto",  # picks ofi where verbs offers FI_EP_MSG + FI_RMA (logged)
+    # the ofi lane, named: auto takes the verbs lane here (every NIC is an rxe device)
+    "RAILHOP_TRANSPORT": "ofi",
     "FI_PROVIDER": "verbs",
     "RAILHOP_COMPLETION_TIMEOUT": "8000",
     "RAILHOP_PROBE_TIMEOUT": "10000",

@@ -85,8 +85,9 @@
 	/* Local carrier poll interval (ms, 0 = off). */                                            \
 	X(CARRIER_POLL, int, 100, "carrier poll interval, ms")                                      \
 	/* Lane transport: tcp, ofi (libfabric FI_EP_MSG + FI_RMA; provider as libfabric /     \
-	 * FI_PROVIDER pick it), auto = ofi where an RDMA provider (verbs) offers it. */    \
-	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi")                                   \
+	 * FI_PROVIDER pick it), verbs (RC queue pairs through libibverbs), auto = verbs where  \
+	 * every NIC is an RDMA device, else ofi where an RDMA provider (verbs) offers it. */    \
+	X(TRANSPORT, str, "auto", "lane transport: auto|tcp|ofi|verbs")                             \
 	/* 1 = every DATA frame on TCP lanes carries a keyed payload MAC (GMAC, AES-128-GCM,    \
 	 * under the stream's key; the hello asks the peer for it too), and one without it is   \
 	 * refused: a chunk that does not match fails its lane and is replayed. Off by default:  \

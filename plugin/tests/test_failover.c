@@ -973,6 +973,15 @@ static struct rh_lane *offer(const struct rh_hdr *hdr, const struct rh_hello *h,
 	if (!l) {
 		return NULL;
 	}
+	/* a transport's bytes put in the reply (a queue pair address) go under its MAC */
+	EXPECT(rh_auth_verify(l->conn->key, &reply, true, l->conn->id, 0, h->nonce, NULL));
+	reply.tp_len = 3;
+	memcpy(reply.tp, "qp1", 3);
+	EXPECT(!rh_auth_verify(l->conn->key, &reply, true, l->conn->id, 0, h->nonce, NULL));
+	EXPECT_EQ(rh_core_sign_reply(l, h, &reply), 0);
+	EXPECT(rh_auth_verify(l->conn->key, &reply, true, l->conn->id, 0, h->nonce, NULL));
+	reply.tp[2] ^= 1;
+	EXPECT(!rh_auth_verify(l->conn->key, &reply, true, l->conn->id, 0, h->nonce, NULL));
 	if (rh_core_stream_attach(l, h->stream, 16, &stream_dummy[h->stream & 15],
 				  sizeof(struct rh_lane_streams), false) < 0) {
 		return NULL; /* the reference was dropped */

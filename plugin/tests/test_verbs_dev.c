@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include "../src/lanes/verbs/verbs.h"
+#include "../src/core/wire.h"
 #include "../src/param.h"
 #include "check.h"
 #include "fake_ibv.h"
@@ -156,6 +157,51 @@ static void test_connect(void)
 	verbs_ib.destroy_cq(cq);
 	EXPECT_EQ(fake.nqp_live, 0);
 	EXPECT_EQ(fake.ncq_live, 0);
+}
+
+/* The lane's handshake order: the opener's queue pair to INIT (its receives posted) before its
+ * hello leaves, RTR/RTS once the reply's address is in; the address travels in the hello's
+ * transport bytes and comes out unchanged. */
+static void test_connect_in_two_halves(void)
+{
+	struct verbs_qp_params p = params();
+	struct verbs_qp_info r = peer(), got;
+	struct rh_hello h = { .kind = RH_HELLO_LANE, .nstreams = 1 }, g;
+	uint8_t b[1024];
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	int len;
+
+	fake_ibv_reset();
+	cq = verbs_ib.create_cq(&fake.ctx, 128, NULL, NULL, 0);
+	qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT(qp != NULL);
+	if (!qp) {
+		return;
+	}
+	EXPECT_EQ(verbs_qp_init(qp, &p), 0);
+	EXPECT_EQ(qp->state, IBV_QPS_INIT);
+	verbs_qp_info_put(&r, h.tp);
+	h.tp_len = VERBS_QP_INFO_LEN;
+	len = rh_hello_put(&h, b, sizeof(b));
+	EXPECT(len > 0);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), 0);
+	EXPECT_EQ(verbs_qp_info_get(g.tp, g.tp_len, &got), 0);
+	EXPECT_EQ(got.qpn, r.qpn);
+	EXPECT_EQ(got.psn, r.psn);
+	EXPECT(!memcmp(got.gid, r.gid, 16));
+	EXPECT_EQ(verbs_qp_ready(qp, &p, 0x55, &got), 0);
+	EXPECT_EQ(qp->state, IBV_QPS_RTS);
+	EXPECT_EQ(fake_qp_of(qp)->attr.dest_qp_num, r.qpn);
+	EXPECT_EQ(fake_qp_of(qp)->attr.sq_psn, 0x55);
+	/* RTR straight from RESET is refused: INIT comes first */
+	verbs_ib.destroy_qp(qp);
+	qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT_EQ(verbs_qp_ready(qp, &p, 1, &got), -EINVAL);
+	EXPECT_EQ(qp->state, IBV_QPS_RESET);
+	verbs_ib.destroy_qp(qp);
+	verbs_ib.destroy_cq(cq);
+	EXPECT_EQ(fake.nqp_live, 0);
 }
 
 struct seen {
@@ -392,6 +438,50 @@ static void test_gid_index(void)
 	EXPECT_EQ(system(cmd), 0);
 }
 
+/* The RDMA device behind an interface: Soft-RoCE's port lists it in gid_attrs/ndevs, a PCI
+ * device sits under the interface's device/infiniband; every NIC must have one for auto. */
+static void test_netdev_ibdev(void)
+{
+	char root[] = "/tmp/rh_verbs_ndevXXXXXX", p[512], cmd[1200], dev[64], why[256];
+	const char *both[] = { "eth1", "eth2" }, *three[] = { "eth1", "eth2", "eth3" };
+	int port = 0;
+
+	EXPECT(mkdtemp(root) != NULL);
+	snprintf(cmd, sizeof(cmd),
+		 "mkdir -p %s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs "
+		 "%s/sys/class/infiniband/mlx5_1/ports/1/gid_attrs/ndevs "
+		 "%s/sys/class/net/eth2/device/infiniband/mlx5_0 %s/sys/class/net/eth3",
+		 root, root, root, root);
+	EXPECT_EQ(system(cmd), 0);
+	snprintf(p, sizeof(p), "%s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0", root);
+	put_file(p, "eth10\n"); /* a prefix of nothing asked for: never matches eth1 */
+	snprintf(p, sizeof(p), "%s/sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/3", root);
+	put_file(p, "eth1\n");
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth1", dev, sizeof(dev), &port), 0);
+	EXPECT(strcmp(dev, "rxe0") == 0);
+	EXPECT_EQ(port, 1);
+	port = 0;
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth2", dev, sizeof(dev), &port), 0);
+	EXPECT(strcmp(dev, "mlx5_0") == 0);
+	EXPECT_EQ(port, 1);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth3", dev, sizeof(dev), &port), -ENOENT);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "eth1", dev, 4, &port), -ENAMETOOLONG);
+	EXPECT_EQ(verbs_netdev_ibdev(root, "../x", dev, sizeof(dev), &port), -EINVAL);
+	EXPECT(verbs_netdevs_rdma(root, both, 2, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth1=rxe0:1 eth2=mlx5_0:1") == 0);
+	EXPECT(!verbs_netdevs_rdma(root, three, 3, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth3 is not an RDMA device") == 0);
+	EXPECT(!verbs_netdevs_rdma(root, three, 0, why, sizeof(why)));
+	/* no RDMA devices at all (the netns fabric): auto must not take verbs */
+	snprintf(cmd, sizeof(cmd), "rm -rf %s/sys/class/infiniband %s/sys/class/net/eth2/device",
+		 root, root);
+	EXPECT_EQ(system(cmd), 0);
+	EXPECT(!verbs_netdevs_rdma(root, both, 2, why, sizeof(why)));
+	EXPECT(strcmp(why, "eth1 is not an RDMA device") == 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+	EXPECT_EQ(system(cmd), 0);
+}
+
 int main(void)
 {
 	test_params();
@@ -399,10 +489,12 @@ int main(void)
 	fake_ibv_reset();
 	test_shim();
 	test_connect();
+	test_connect_in_two_halves();
 	test_error_completion();
 	test_async_events();
 	test_mr_cache();
 	test_gid_index();
+	test_netdev_ibdev();
 	verbs_ib_use(NULL);
 	TEST_DONE();
 }

@@ -112,6 +112,25 @@ static void test_hello(void)
 	b[7] = 4;
 	EXPECT_EQ(rh_hello_get(b, (size_t)len, &g), -EPROTO);
 	EXPECT_EQ(rh_hello_put(&h, b, 20), -ENOSPC);
+	b[7] = 3;
+	EXPECT_EQ(g.tp_len, 0); /* none sent: none decoded */
+	/* transport bytes: a length byte and the bytes after the NICs, only when there are some */
+	h.tp_len = 25;
+	for (int i = 0; i < 25; i++) {
+		h.tp[i] = (uint8_t)(0x40 + i);
+	}
+	EXPECT_EQ(rh_hello_put(&h, b, sizeof(b)), len + 26);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len + 26, &g), 0);
+	EXPECT_EQ(g.tp_len, 25);
+	EXPECT(memcmp(g.tp, h.tp, 25) == 0);
+	EXPECT_EQ(rh_hello_get(b, (size_t)len + 25, &g), -EPROTO); /* cut short */
+	b[len] = 0;
+	EXPECT_EQ(rh_hello_get(b, (size_t)len + 26, &g), -EPROTO); /* an empty trailer */
+	b[len] = RH_HELLO_TP_MAX + 1;
+	EXPECT_EQ(rh_hello_get(b, (size_t)len + 26, &g), -EPROTO); /* longer than allowed */
+	EXPECT_EQ(rh_hello_put(&h, b, (size_t)len + 25), -ENOSPC);
+	h.tp_len = RH_HELLO_TP_MAX + 1;
+	EXPECT_EQ(rh_hello_put(&h, b, sizeof(b)), -ENOSPC);
 }
 
 static void test_cts_resume(void)
@@ -264,6 +283,17 @@ static void test_hello_mac(void)
 	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
 	g = h;
 	g.nnics = 1; /* the NIC table is covered too */
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g = h; /* and the transport's bytes (a queue pair address): changed, added or dropped */
+	g.tp_len = 4;
+	memcpy(g.tp, "\x01\x02\x03\x04", 4);
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	EXPECT_EQ(rh_auth_sign(key, &g, false, 77, 5, n1, n2), 0);
+	EXPECT(rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g.tp[3] ^= 1;
+	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
+	g.tp[3] ^= 1;
+	g.tp_len = 3;
 	EXPECT(!rh_auth_verify(key, &g, false, 77, 5, n1, n2));
 	g = h;
 	g.mac[31] ^= 1;

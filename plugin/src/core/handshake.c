@@ -392,6 +392,16 @@ out:
 	return l;
 }
 
+int rh_core_sign_reply(struct rh_lane *l, const struct rh_hello *in, struct rh_hello *reply)
+{
+	struct rh_conn *c = l->conn;
+
+	if (reply->tp_len > RH_HELLO_TP_MAX) {
+		return -EINVAL;
+	}
+	return rh_auth_sign(c->key, reply, true, c->id, 0, in->nonce, NULL);
+}
+
 /* The opener's side: the reply must prove the secret too, and answer our nonce. */
 static const char *check_reply(struct rh_conn *c, struct rh_lane *l, const struct rh_hello *r)
 {

@@ -132,6 +132,10 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
  * h->nstreams (the count it really opens): signed again, so that both are under the MAC.
  * 0 or -errno. Called from ops->open (the connection lock held). */
 int rh_core_sign_stream(struct rh_lane *lane, struct rh_hello *h);
+/* The acceptor's reply (filled by rh_core_hello() for the hello `in` of lane l) signed again
+ * after the transport put its bytes in reply->tp (its queue pair address, say), so that they
+ * are under the MAC the opener checks. 0 or -errno. Any thread, no lock. */
+int rh_core_sign_reply(struct rh_lane *l, const struct rh_hello *in, struct rh_hello *reply);
 /* Health probes, bound to their connection's key (issue 29, 6: anyone answering for the
  * peer's address made a dead pair look healthy): the prober's hello for probe `cookie` of
  * connection c (fills *h and *conn_id; Locked, from ops->probe); the listener's answer to a

@@ -125,7 +125,7 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 {
 	size_t o = RH_HELLO_FIXED;
 
-	if (cap < o + 1 || h->nnics < 0 || h->nnics > RH_MAX_NICS) {
+	if (cap < o + 1 || h->nnics < 0 || h->nnics > RH_MAX_NICS || h->tp_len > RH_HELLO_TP_MAX) {
 		return -ENOSPC;
 	}
 	put32(b, RH_MAGIC);
@@ -150,6 +150,14 @@ int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap)
 			return r;
 		}
 		o += r;
+	}
+	if (h->tp_len) {
+		if (cap - o < 1u + h->tp_len) {
+			return -ENOSPC;
+		}
+		b[o++] = h->tp_len;
+		memcpy(b + o, h->tp, h->tp_len);
+		o += h->tp_len;
 	}
 	return (int)o;
 }
@@ -186,6 +194,16 @@ int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h)
 			return r;
 		}
 		o += r;
+	}
+	h->tp_len = 0;
+	if (o < len) {
+		size_t n = b[o];
+
+		if (n == 0 || n > RH_HELLO_TP_MAX || len - o - 1 < n) {
+			return -EPROTO;
+		}
+		h->tp_len = (uint8_t)n;
+		memcpy(h->tp, b + o + 1, n);
 	}
 	return 0;
 }

@@ -107,6 +107,10 @@ enum rh_hello_kind {
  * adds one to the DATA frames it sends on the stream whatever its own setting. */
 #define RH_HELLO_F_PMAC 1u
 
+/* Transport bytes a hello may carry for its lane's transport (a one-sided transport's queue
+ * pair address, say): opaque to the core, under the MAC like every other field. */
+#define RH_HELLO_TP_MAX 64
+
 struct rh_hello {
 	uint8_t kind;
 	uint8_t from_sender; /* the opener is the data sender of the connection */
@@ -128,9 +132,14 @@ struct rh_hello {
 	uint8_t flags; /* RH_HELLO_F_*; under the MAC */
 	int nnics;
 	struct rh_peer_nic nics[RH_MAX_NICS];
+	/* The transport's bytes (RH_HELLO_TP_MAX): encoded after the NICs as a length byte and
+	 * the bytes, only when tp_len > 0, so a hello without them is encoded as before. */
+	uint8_t tp_len;
+	uint8_t tp[RH_HELLO_TP_MAX];
 };
 
-/* Returns the encoded length or -ENOSPC. */
+/* Returns the encoded length or -ENOSPC (also when tp_len > RH_HELLO_TP_MAX). Decoding: -EPROTO
+ * when malformed, the transport bytes' length included; a hello without them has tp_len 0. */
 int rh_hello_put(const struct rh_hello *h, uint8_t *b, size_t cap);
 int rh_hello_get(const uint8_t *b, size_t len, struct rh_hello *h);
 

@@ -10,6 +10,40 @@
 #include "../log.h"
 #include "../param.h"
 #include "lanes.h"
+#ifdef RH_HAVE_VERBS
+#include "verbs/netdev.h"
+#include "verbs/shim.h"
+#endif
+
+/* auto: verbs where every managed NIC is an RDMA device (sysfs) and libibverbs loads. */
+static bool verbs_auto(void)
+{
+#ifdef RH_HAVE_VERBS
+	const char *names[RH_MAX_NICS];
+	char why[512];
+	int n = rh_core_nic_count();
+
+	for (int i = 0; i < n && i < RH_MAX_NICS; i++) {
+		names[i] = rh_core_nic(i)->ifname;
+	}
+	if (!verbs_netdevs_rdma("", names, n, why, sizeof(why))) {
+		INFO_INIT("transport auto: verbs not taken (%s)", why);
+		return false;
+	}
+	if (!verbs_ib_load()) {
+		INFO_INIT("transport auto: every NIC is an RDMA device (%s), but libibverbs.so.1 "
+			  "does not load: verbs not taken",
+			  why);
+		return false;
+	}
+	verbs_ib_unload();
+	INFO_INIT("transport verbs (auto: every NIC is an RDMA device: %s)", why);
+	return true;
+#else
+	INFO_INIT("transport auto: verbs not taken (built without infiniband/verbs.h)");
+	return false;
+#endif
+}
 
 const struct lane_ops *rh_lanes_choose(void)
 {
@@ -19,9 +53,24 @@ const struct lane_ops *rh_lanes_choose(void)
 		INFO_INIT("transport tcp (RAILHOP_TRANSPORT=tcp)");
 		return &tcp_lane_ops;
 	}
-	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
-		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp or ofi", t);
+	if (!strcmp(t, "verbs")) {
+#ifdef RH_HAVE_VERBS
+		INFO_INIT("transport verbs (RAILHOP_TRANSPORT=verbs)");
+		return &verbs_lane_ops;
+#else
+		WARN("RAILHOP_TRANSPORT=verbs, but this plugin was built without "
+		     "infiniband/verbs.h (install libibverbs-dev and rebuild)");
 		return NULL;
+#endif
+	}
+	if (strcmp(t, "ofi") && strcmp(t, "auto")) {
+		WARN("RAILHOP_TRANSPORT=%s: expected auto, tcp, ofi or verbs", t);
+		return NULL;
+	}
+	if (!strcmp(t, "auto") && verbs_auto()) {
+#ifdef RH_HAVE_VERBS
+		return &verbs_lane_ops;
+#endif
 	}
 #ifdef RH_HAVE_OFI
 	if (!strcmp(t, "ofi")) {

@@ -111,17 +111,23 @@ static int qp_err(int rc)
 	return errno ? -errno : -EIO;
 }
 
-int verbs_qp_connect(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
-		     const struct verbs_qp_info *remote)
+int verbs_qp_init(struct ibv_qp *qp, const struct verbs_qp_params *p)
+{
+	int rc = qp_init(qp, p);
+
+	if (rc) {
+		rc = qp_err(rc);
+		WARN("verbs: queue pair %u: RESET->INIT: %s", qp->qp_num, strerror(-rc));
+	}
+	return rc;
+}
+
+int verbs_qp_ready(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
+		   const struct verbs_qp_info *remote)
 {
 	const char *step;
 	int rc;
 
-	step = "RESET->INIT";
-	rc = qp_init(qp, p);
-	if (rc) {
-		goto fail;
-	}
 	step = "INIT->RTR";
 	rc = qp_rtr(qp, p, remote);
 	if (rc) {
@@ -137,6 +143,14 @@ fail:
 	rc = qp_err(rc);
 	WARN("verbs: queue pair %u: %s: %s", qp->qp_num, step, strerror(-rc));
 	return rc;
+}
+
+int verbs_qp_connect(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
+		     const struct verbs_qp_info *remote)
+{
+	int rc = verbs_qp_init(qp, p);
+
+	return rc ? rc : verbs_qp_ready(qp, p, local_psn, remote);
 }
 
 int verbs_qp_error(struct ibv_qp *qp)

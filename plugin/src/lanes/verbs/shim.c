@@ -50,6 +50,14 @@ static bool ib_open_locked(void)
 	IB_SYM(get_async_event, "ibv_get_async_event");
 	IB_SYM(ack_async_event, "ibv_ack_async_event");
 	IB_SYM(wc_status_str, "ibv_wc_status_str");
+	IB_SYM(create_comp_channel, "ibv_create_comp_channel");
+	IB_SYM(destroy_comp_channel, "ibv_destroy_comp_channel");
+	IB_SYM(get_cq_event, "ibv_get_cq_event");
+	IB_SYM(ack_cq_events, "ibv_ack_cq_events");
+	if (!t.create_comp_channel || !t.destroy_comp_channel || !t.get_cq_event ||
+	    !t.ack_cq_events) {
+		t.create_comp_channel = NULL; /* all four or none */
+	}
 	if (!t.get_device_list || !t.free_device_list || !t.get_device_name || !t.open_device ||
 	    !t.close_device || !t.alloc_pd || !t.dealloc_pd || !t.reg_mr || !t.dereg_mr ||
 	    !t.create_cq || !t.destroy_cq || !t.create_qp || !t.destroy_qp || !t.modify_qp ||

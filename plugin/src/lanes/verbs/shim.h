@@ -44,6 +44,11 @@ struct verbs_ib_fns {
 	int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
 	void (*ack_async_event)(struct ibv_async_event *ev);
 	const char *(*wc_status_str)(enum ibv_wc_status status);
+	/* optional: completion channels (NULL: the lane polls its completion queues) */
+	struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+	int (*destroy_comp_channel)(struct ibv_comp_channel *ch);
+	int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context);
+	void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
 };
 
 /* The table in use: the loaded library's, or a test's (verbs_ib_use). */

@@ -7,6 +7,7 @@
  *   proto.[ch]  the pure protocol: write immediates naming adverts, advert ids, the QP address
  *               codec, the verdicts on completions and events (unit-tested)
  *   gid.c       the RoCE v2 GID of a NIC address, from sysfs (root= for fixtures)
+ *   netdev.[ch] the RDMA device and port behind a network interface, from sysfs (root=)
  *   qp.c        queue pairs: create, RESET -> INIT -> RTR -> RTS, to ERROR, re-create
  *   poll.c      completion queues: drain, classify, the first failure; the completion probes
  *   mr.c        one registration cache per protection domain; dmabuf registration
@@ -25,6 +26,7 @@
 #include <stdint.h>
 
 #include "../ofi/proto.h" /* the registration cache's pure range table (ofi_rc_*) */
+#include "netdev.h"
 #include "proto.h"
 #include "shim.h"
 
@@ -60,6 +62,11 @@ struct ibv_qp *verbs_qp_create(struct ibv_pd *pd, struct ibv_cq *cq,
  * hello), this side sending from local_psn. 0 or -errno (the step that failed is logged). */
 int verbs_qp_connect(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
 		     const struct verbs_qp_info *remote);
+/* The two halves of verbs_qp_connect: RESET -> INIT (receives may be posted from then on), and
+ * INIT -> RTR -> RTS. 0 or -errno (logged). */
+int verbs_qp_init(struct ibv_qp *qp, const struct verbs_qp_params *p);
+int verbs_qp_ready(struct ibv_qp *qp, const struct verbs_qp_params *p, uint32_t local_psn,
+		   const struct verbs_qp_info *remote);
 /* Move to ERROR: outstanding work requests flush, the responder drops later packets (the
  * receiver's fence). 0 or -errno. */
 int verbs_qp_error(struct ibv_qp *qp);
