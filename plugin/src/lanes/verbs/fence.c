@@ -269,6 +269,7 @@ static int post_write(struct vb_ep *e, struct vb_lane *vl, int i)
 		return err > 0 ? -err : err;
 	}
 	w->state = VWR_POSTED;
+	w->post_ns = rh_now_ns();
 	atomic_fetch_add(&e->outstanding, 1);
 	return 0;
 }

@@ -249,20 +249,33 @@ static void on_wc(void *arg, const struct ibv_wc *wc)
 	}
 }
 
+/* The post time of a write's completion (the probe's age); sends and receives keep none. */
+static uint64_t wc_post_ns(void *arg, const struct ibv_wc *wc)
+{
+	struct vb_ep *e = arg;
+	uint32_t idx = (uint32_t)wc->wr_id;
+
+	if ((enum vb_ctx)(wc->wr_id >> 32) != VB_CTX_WR || idx >= VB_NWR) {
+		return 0;
+	}
+	return e->wr[idx].post_ns;
+}
+
 static bool poll_cq(struct vb_ep *e)
 {
 	struct verbs_poll_fail f;
+	struct verbs_cq_trace tr = { .nic = e->nic, .post_ns = wc_post_ns, .arg = e };
 	int nfail = 0, n;
 
 	if (!e->cq || e->st == VS_CLOSED) {
 		return false;
 	}
-	n = verbs_cq_drain(e->cq, 64, on_wc, e, &f, &nfail);
+	n = verbs_cq_drain_traced(e->cq, 64, on_wc, e, &f, &nfail, &tr);
 	if (n == 0 && e->d->ch && !e->armed && e->st != VS_CLOSED) {
 		/* idle: ask for an event on the next completion, then look once more (one may have
 		 * come in between) */
 		e->armed = ibv_req_notify_cq(e->cq, 0) == 0;
-		n = verbs_cq_drain(e->cq, 64, on_wc, e, &f, &nfail);
+		n = verbs_cq_drain_traced(e->cq, 64, on_wc, e, &f, &nfail, &tr);
 	}
 	if (n < 0) {
 		verbs_ep_fail(e, n, "completion queue poll failed");
@@ -283,7 +296,7 @@ static void poll_async(int nic)
 	struct vb_dev *d = &verbs_devs[nic];
 	struct verbs_async a;
 
-	while (atomic_load(&d->ok) && verbs_async_read(d->ctx, &a) == 0) {
+	while (atomic_load(&d->ok) && verbs_async_read_nic(d->ctx, nic, &a) == 0) {
 		if (a.v.scope == VERBS_OK || a.v.scope == VERBS_NIC_UP) {
 			continue;
 		}

@@ -100,6 +100,7 @@ struct vb_wr {
 	uint8_t state;
 	struct rh_hdr h;
 	const char *payload;
+	uint64_t post_ns; /* rh_now_ns() at ibv_post_send, for the verbs_wc probe */
 };
 
 struct vb_dev {
