@@ -330,7 +330,13 @@ static bool poll_eq(struct ofi_ep *e)
 	}
 	if (ev == FI_CONNECTED) {
 		if (e->st == ES_CONNECTING && e->hello) {
-			int rc = ofi_send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
+			int rc;
+
+			/* the peer accepted: a live pair, however long the hellos take */
+			if (e->kind == EK_LANE && e->lane && !atomic_load(&e->fenced)) {
+				rh_core_stream_answered(e->lane);
+			}
+			rc = ofi_send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
 
 			free(e->hello);
 			e->hello = NULL;
