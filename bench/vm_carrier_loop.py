@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import setup_import_path
+from _common import REPO, setup_import_path
 
 setup_import_path()
 
@@ -70,7 +70,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.rounds < 1 or a.duration <= 0:
         ap.error("--rounds >= 1 and --duration > 0")
-    use_source_tree_build()
+    use_source_tree_build(REPO)  # the worktree's `make ctest` build, where there is one
     env = {"RAILHOP_LOG_LEVEL": a.log_level}
     keep = Path(a.keep)
     rows: list[dict[str, object]] = []

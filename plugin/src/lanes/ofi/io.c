@@ -13,7 +13,7 @@ atomic_bool ofi_kicked;
 pthread_mutex_t ofi_pend_mu = PTHREAD_MUTEX_INITIALIZER;
 struct ofi_ep *ofi_pending; /* created by other threads */
 struct ofi_ep *ofi_eps; /* owned by the I/O thread */
-bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
+atomic_bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
 
 void ofi_io_kick(void)
 {
