@@ -144,6 +144,7 @@ def main() -> int:
         ap.error(f"--rounds >= 1, --seconds >= 20, --faults from {FAULTS}")
     use_source_tree_build(REPO)
     rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     with VmLab(nics=4) as lab, GuestAgent(lab, 0) as a0, GuestAgent(lab, 1) as a1:
         a0.wait_up()
         a1.wait_up()
@@ -151,20 +152,33 @@ def main() -> int:
         for k in range(1, a.rounds + 1):
             for fault in faults:
                 for agent in (False, True):
-                    r = one_round(lab, fault, agent, a.seconds)
+                    tag = f"round {k} {fault:9} agent={'yes' if agent else 'no '}"
+                    try:
+                        r = one_round(lab, fault, agent, a.seconds)
+                    except RuntimeError as e:
+                        # a round that did not come through clean (an escalation, a
+                        # connection that never moved on) is counted, not measured
+                        failed.append({"round": k, "fault": fault, "agent": agent, "error": str(e)})
+                        print(f"{tag}: FAILED: {str(e)[:300]}", flush=True)
+                        continue
                     r["round"] = k
                     rows.append(r)
                     print(
-                        f"round {k} {fault:9} agent={'yes' if agent else 'no '}: "
-                        f"stall {r['stall_s']:.2f} s, detection {r['detect_s']:.2f} s "
+                        f"{tag}: stall {r['stall_s']:.2f} s, detection {r['detect_s']:.2f} s "
                         f"({r['detected_by']})",
                         flush=True,
                     )
+                    if a.json:  # after every round: a run cut short keeps what it measured
+                        with open(a.json, "w") as f:
+                            json.dump({"rounds": rows, "failed": failed}, f, indent=1)
     summary: dict[str, Any] = {}
     for fault in faults:
         med = {}
         for agent in (False, True):
             rs = [r for r in rows if r["fault"] == fault and r["agent"] == agent]
+            if not rs:
+                med[agent] = (float("nan"), float("nan"))
+                continue
             med[agent] = (
                 statistics.median(r["stall_s"] for r in rs),
                 statistics.median(r["detect_s"] for r in rs),
@@ -182,9 +196,12 @@ def main() -> int:
             f"with (ratio {ratio[0]:.2f}); median detection {med[False][1]:.2f} s without, "
             f"{med[True][1]:.2f} s with (ratio {ratio[1]:.2f})"
         )
+    print(
+        f"{len(failed)} round(s) failed, not measured: {[(f['fault'], f['agent']) for f in failed]}"
+    )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rounds": rows, "summary": summary}, f, indent=1)
+            json.dump({"rounds": rows, "failed": failed, "summary": summary}, f, indent=1)
     return 0
 
 
