@@ -563,6 +563,37 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	drop_conn(c);
 }
 
+/* Outside a move (its RESUME done), a lane failing while it opens (a fail-back's) with every
+ * carrying lane under its confirming probe must not fail the connection on the last move's
+ * stale escalation bound: the lanes in flight have their own deadlines. Before, the connection
+ * was failed ("no compatible NIC pair left", 3 lanes in flight, the carrier-loss loop over
+ * verbs). */
+static void test_no_escalation_outside_a_move_with_lanes_in_flight(void)
+{
+	struct rh_lane *s = NULL, *o = NULL;
+	struct rh_conn *c = conn_with_lanes_in_flight(&s, &o);
+
+	EXPECT(c != NULL && s != NULL && o != NULL);
+	if (!c || !s || !o) {
+		if (c) {
+			drop_conn(c);
+		}
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	c->fo.active = false; /* the move ended long ago */
+	c->fo.t_escalate_ms = rh_now_ms() - 2 * (uint64_t)rh_param.PROBE_TIMEOUT - 1000;
+	rh_fo_lane_failed(c, o, -ETIMEDOUT, "test: transport error while opening");
+	EXPECT_EQ(c->err, 0);
+	EXPECT_EQ(s->state, RH_LANE_SUSPECT);
+	/* the probe fails: a move with a fresh bound, the connection still stands */
+	rh_fo_probe_done(c, s->probe_cookie, false);
+	EXPECT_EQ(c->err, 0);
+	EXPECT(c->fo.active);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
 /* Nothing left after a failure: every candidate pair opens at once. Found by the completion
  * timeout (most of the escalation budget spent), each handshake gets the probe timeout; found
  * at once (local NIC down), the usual 2x. Soak seed 30855 (ofi, loaded CI host): the move off a
@@ -1219,5 +1250,6 @@ int main(void)
 	test_stuck_report(); /* last: they fill the fake hooks' 64 event slots */
 	test_escalation_round_deadlines();
 	test_answered_handshake_keeps_its_deadline();
+	test_no_escalation_outside_a_move_with_lanes_in_flight();
 	TEST_DONE();
 }

@@ -279,8 +279,13 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 	 * hard bound behind those deadlines. */
 	uint64_t grace = 2 * (uint64_t)rh_param.PROBE_TIMEOUT + 200;
 
+	/* The hard bound counts only within a move: outside one (a fail-back's lane failing while
+	 * opening, the carrying lanes all under their confirming probes on a loaded host) the
+	 * escalation bound of the last move is stale, and the connection was failed with three
+	 * lanes in flight (the carrier-loss loop over verbs, round 4). Those lanes have their own
+	 * deadlines; a failed probe starts a move with a fresh bound. */
 	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
-	    now >= c->fo.t_escalate_ms + grace) {
+	    (c->fo.active && now >= c->fo.t_escalate_ms + grace)) {
 		char why[512];
 
 		/* the one line that says why no pair was left (soak seed 30855: a rail never
