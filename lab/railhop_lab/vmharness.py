@@ -142,7 +142,8 @@ class VmHarnessRun:
             out, err = self.dir / f"{role}.out", self.dir / f"{role}.err"
             job = self.lab.guests[node].start(
                 argv,
-                env={**self.env, "RAILHOP_RUN_DIR": str(run_dir)},
+                # a run directory in env wins (an agent's, in the guest's own /tmp)
+                env={"RAILHOP_RUN_DIR": str(run_dir), **self.env},
                 timeout=self.cfg.deadline + self.grace_s,
                 stdout=out,
                 stderr=err,

@@ -563,6 +563,37 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	drop_conn(c);
 }
 
+/* Outside a move (its RESUME done), a lane failing while it opens (a fail-back's) with every
+ * carrying lane under its confirming probe must not fail the connection on the last move's
+ * stale escalation bound: the lanes in flight have their own deadlines. Before, the connection
+ * was failed ("no compatible NIC pair left", 3 lanes in flight, the carrier-loss loop over
+ * verbs). */
+static void test_no_escalation_outside_a_move_with_lanes_in_flight(void)
+{
+	struct rh_lane *s = NULL, *o = NULL;
+	struct rh_conn *c = conn_with_lanes_in_flight(&s, &o);
+
+	EXPECT(c != NULL && s != NULL && o != NULL);
+	if (!c || !s || !o) {
+		if (c) {
+			drop_conn(c);
+		}
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	c->fo.active = false; /* the move ended long ago */
+	c->fo.t_escalate_ms = rh_now_ms() - 2 * (uint64_t)rh_param.PROBE_TIMEOUT - 1000;
+	rh_fo_lane_failed(c, o, -ETIMEDOUT, "test: transport error while opening");
+	EXPECT_EQ(c->err, 0);
+	EXPECT_EQ(s->state, RH_LANE_SUSPECT);
+	/* the probe fails: a move with a fresh bound, the connection still stands */
+	rh_fo_probe_done(c, s->probe_cookie, false);
+	EXPECT_EQ(c->err, 0);
+	EXPECT(c->fo.active);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+}
+
 /* Nothing left after a failure: every candidate pair opens at once. Found by the completion
  * timeout (most of the escalation budget spent), each handshake gets the probe timeout; found
  * at once (local NIC down), the usual 2x. Soak seed 30855 (ofi, loaded CI host): the move off a
@@ -602,6 +633,87 @@ static void test_escalation_round_deadlines(void)
 	escalation_round_deadlines(-ETIMEDOUT, (uint64_t)rh_param.PROBE_TIMEOUT);
 	escalation_round_deadlines(-ENETDOWN, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
 	escalation_round_deadlines(-ECONNRESET, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
+}
+
+/* A move found by the completion timeout gives each parallel handshake the probe timeout. One
+ * the peer has answered (a stream accepted: rh_core_stream_answered; or a stream handshaken) is a
+ * healthy pair slow to set up its endpoints, and keeps the usual 2x deadline; an unanswered one
+ * is given up at the probe timeout. Before, the answered ones were given up with it and held
+ * off: with no other pair the connection escalated with "no compatible NIC pair left". */
+/* A lane's state by its id (a dead lane's slot is reused by the next one opened). */
+static int lane_state_of(struct rh_conn *c, uint32_t id)
+{
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->id == id) {
+			return (int)c->lanes[i]->state;
+		}
+	}
+	return (int)RH_LANE_DEAD;
+}
+
+static void test_answered_handshake_keeps_its_deadline(void)
+{
+	struct rh_lane *l = NULL, *ans = NULL, *half = NULL, *silent = NULL;
+	struct rh_conn *c = ready_conn(true, &l);
+	uint64_t t0, probe = (uint64_t)rh_param.PROBE_TIMEOUT;
+	uint32_t ans_id, half_id, silent_id;
+
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	t0 = rh_now_ms();
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress"); /* found late */
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *b = c->lanes[i];
+
+		if (b->state != RH_LANE_OPENING || !b->opener) {
+			continue;
+		}
+		if (!ans) {
+			ans = b;
+		} else if (!half && b->nstreams >= 2) {
+			half = b;
+		} else if (!silent) {
+			silent = b;
+		}
+	}
+	EXPECT(ans != NULL && half != NULL && silent != NULL);
+	if (!ans || !half || !silent) {
+		pthread_mutex_unlock(&c->mu);
+		drop_conn(c);
+		return;
+	}
+	ans_id = ans->id;
+	half_id = half->id;
+	silent_id = silent->id;
+	EXPECT(silent->t_deadline_ms <= rh_now_ms() + probe); /* the found-late round */
+	pthread_mutex_unlock(&c->mu);
+	rh_core_stream_answered(ans); /* the transport: the peer accepted a stream */
+	rh_core_stream_ready(half, NULL); /* one stream of several handshaken */
+	pthread_mutex_lock(&c->mu);
+	EXPECT_EQ(half->state, RH_LANE_OPENING);
+	/* Past the probe timeout: the silent pair is given up, the answered ones still open. */
+	rh_fo_tick(c, t0 + probe + 50);
+	EXPECT_EQ(lane_state_of(c, ans_id), RH_LANE_OPENING);
+	EXPECT_EQ(lane_state_of(c, half_id), RH_LANE_OPENING);
+	EXPECT_EQ(lane_state_of(c, silent_id), RH_LANE_DEAD);
+	EXPECT_EQ(c->err, 0);
+	/* The answered lane completes: the connection carries on, nothing escalated. */
+	pthread_mutex_unlock(&c->mu);
+	for (int i = 0; i < ans->nstreams; i++) {
+		rh_core_stream_ready(ans, NULL);
+	}
+	pthread_mutex_lock(&c->mu);
+	EXPECT_EQ(lane_state_of(c, ans_id), RH_LANE_ACTIVE);
+	EXPECT_EQ(c->err, 0);
+	/* An answered handshake still has a bound: its full deadline. */
+	rh_fo_tick(c, rh_now_ms() + 2 * probe + 50);
+	EXPECT_EQ(lane_state_of(c, half_id), RH_LANE_DEAD);
+	EXPECT_EQ(lane_state_of(c, ans_id), RH_LANE_ACTIVE);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
 }
 
 /* The escalation's WARN detail (soak seed 30855: a never-faulted rail was given up and the log
@@ -1146,5 +1258,7 @@ int main(void)
 	test_probe_replies_prove_the_key();
 	test_stuck_report(); /* last: they fill the fake hooks' 64 event slots */
 	test_escalation_round_deadlines();
+	test_answered_handshake_keeps_its_deadline();
+	test_no_escalation_outside_a_move_with_lanes_in_flight();
 	TEST_DONE();
 }

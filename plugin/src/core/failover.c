@@ -168,6 +168,8 @@ static void open_backups(struct rh_conn *c)
 		l->share = p[i].share;
 		l->share_bytes = 0;
 		l->share_wait = false;
+		/* answered by the peer, the handshake keeps the usual deadline (lane_tick_opening) */
+		l->t_answered_deadline_ms = now + 2 * (uint64_t)rh_param.PROBE_TIMEOUT;
 		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, deadline) < 0) {
 			l->state = RH_LANE_DEAD;
 			c->fo.bad_until_ms[p[i].local][p[i].remote] =
@@ -277,8 +279,13 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
 	 * hard bound behind those deadlines. */
 	uint64_t grace = 2 * (uint64_t)rh_param.PROBE_TIMEOUT + 200;
 
+	/* The hard bound counts only within a move: outside one (a fail-back's lane failing while
+	 * opening, the carrying lanes all under their confirming probes on a loaded host) the
+	 * escalation bound of the last move is stale, and the connection was failed with three
+	 * lanes in flight (the carrier-loss loop over verbs, round 4). Those lanes have their own
+	 * deadlines; a failed probe starts a move with a fresh bound. */
 	if (count_state(c, RH_LANE_OPENING) + count_state(c, RH_LANE_SUSPECT) == 0 ||
-	    now >= c->fo.t_escalate_ms + grace) {
+	    (c->fo.active && now >= c->fo.t_escalate_ms + grace)) {
 		char why[512];
 
 		/* the one line that says why no pair was left (soak seed 30855: a rail never
@@ -633,12 +640,23 @@ static void tick_share_gate(struct rh_conn *c, uint64_t now)
 	}
 }
 
-/* A lane whose handshake is past its deadline failed. */
+/* A lane whose handshake is past its deadline failed; one the peer has answered (a stream
+ * accepted or handshaken) only past its answered deadline. A move found by the completion
+ * timeout gives its backups the probe timeout (open_backups); a healthy pair the peer had
+ * answered but whose other endpoints were still being set up (one I/O thread, a loaded or
+ * emulated CPU) was given up with it and held off, and the connection escalated with "no
+ * compatible NIC pair left" (the ofi soak under load, and the carrier-loss loop over verbs). */
 static void lane_tick_opening(struct rh_conn *c, struct rh_lane *l, uint64_t now)
 {
-	if (now > l->t_deadline_ms) {
-		rh_fo_lane_failed(c, l, -ETIMEDOUT, "handshake timed out");
+	if (now <= l->t_deadline_ms) {
+		return;
 	}
+	if ((l->answered || l->nready > 0) && now <= l->t_answered_deadline_ms) {
+		return;
+	}
+	rh_fo_lane_failed(c, l, -ETIMEDOUT,
+			  l->answered || l->nready > 0 ? "handshake timed out (peer answered)" :
+							 "handshake timed out");
 }
 
 /* A retired lane: fenced 2 s after its BYE; its BYE sent once the messages it carries are

@@ -421,6 +421,18 @@ static const char *check_reply(struct rh_conn *c, struct rh_lane *l, const struc
 	return NULL;
 }
 
+void rh_core_stream_answered(struct rh_lane *l)
+{
+	struct rh_conn *c = l->conn;
+
+	pthread_mutex_lock(&c->mu);
+	if (l->state == RH_LANE_OPENING && l->opener && !l->answered) {
+		l->answered = true;
+		INFO("conn %016llx: lane %u: the peer answered", (unsigned long long)c->id, l->id);
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
 void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 {
 	struct rh_conn *c = l->conn;

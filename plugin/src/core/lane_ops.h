@@ -53,6 +53,11 @@ struct rh_lane {
 	bool share_wait; /* refused by the share gate: kick it when another lane takes a chunk */
 	uint32_t retire_gen; /* DRAINING: carries only messages of older generations */
 	uint64_t t_deadline_ms; /* OPENING: handshake deadline */
+	/* OPENING: the deadline once the peer has answered (0: t_deadline_ms). A move found
+	 * late gives an unanswered handshake the probe timeout only; one the peer answered is
+	 * a healthy pair that is slow to set up, and keeps the usual handshake deadline. */
+	uint64_t t_answered_deadline_ms;
+	bool answered; /* OPENING: the peer answered one of its streams (rh_core_stream_answered) */
 	uint64_t t_suspect_ms; /* SUSPECT: when the confirming probe started */
 	uint64_t probe_cookie; /* SUSPECT: the probe's cookie */
 	uint64_t progress_mark; /* ops->progress() at the last change seen by the ticker */
@@ -136,6 +141,11 @@ int rh_core_sign_stream(struct rh_lane *lane, struct rh_hello *h);
  * after the transport put its bytes in reply->tp (its queue pair address, say), so that they
  * are under the MAC the opener checks. 0 or -errno. Any thread, no lock. */
 int rh_core_sign_reply(struct rh_lane *l, const struct rh_hello *in, struct rh_hello *reply);
+/* The peer answered a stream of a lane this side opens (ofi: the connection request accepted),
+ * before its hello's answer: the pair is alive, only slow to set up. The handshake is then
+ * given up only at its full deadline (t_answered_deadline_ms). A stream handshaken
+ * (rh_core_stream_ready) counts as an answer too. */
+void rh_core_stream_answered(struct rh_lane *lane);
 /* Health probes, bound to their connection's key (issue 29, 6: anyone answering for the
  * peer's address made a dead pair look healthy): the prober's hello for probe `cookie` of
  * connection c (fills *h and *conn_id; Locked, from ops->probe); the listener's answer to a

@@ -175,7 +175,7 @@ int ofi_mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr,
 		ofi_rc_range((uintptr_t)addr, len, &n.lo, &n.hi);
 		rc = fi_mr_reg(d->domain, (void *)n.lo, n.hi - n.lo,
 			       FI_REMOTE_WRITE | FI_WRITE | FI_SEND | FI_RECV, 0,
-			       (d->mr_mode & FI_MR_PROV_KEY) ? 0 : d->next_key++, 0, &mr, NULL);
+			       (d->mr_mode & FI_MR_PROV_KEY) ? 0 : ofi_dom_key(d), 0, &mr, NULL);
 		if (rc) {
 			WARN("ofi: fi_mr_reg of %zu bytes failed: %s", (size_t)(n.hi - n.lo),
 			     ofi_lf_strerror(-rc));

@@ -2,7 +2,8 @@
 /*
  * ofi lanes, endpoints: creating, connecting and closing FI_EP_MSG endpoints, their bounce
  * buffers and send slots, and the lane handshake (HELLO / HELLO_ACK, as on TCP). All of it runs
- * on the I/O thread, except ofi_ep_new/ofi_ep_push (any thread, handing new endpoints to it).
+ * on the I/O thread, except ofi_ep_new (any thread) and ofi_ep_connect (a connector thread,
+ * connect.c, before the I/O thread sees the endpoint).
  */
 #include "ofi.h"
 
@@ -23,15 +24,6 @@ struct ofi_ep *ofi_ep_new(enum ep_kind kind, int nic)
 	atomic_init(&e->progress, 0);
 	atomic_init(&e->outstanding, 0);
 	return e;
-}
-
-void ofi_ep_push(struct ofi_ep *e)
-{
-	pthread_mutex_lock(&ofi_pend_mu);
-	e->next = ofi_pending;
-	ofi_pending = e;
-	pthread_mutex_unlock(&ofi_pend_mu);
-	ofi_io_kick();
 }
 
 /* A lane's first endpoint carries no writes (ofi_open adds it to the data endpoints): control
@@ -85,7 +77,7 @@ int ofi_ep_setup(struct ofi_ep *e, struct fi_info *info)
 	}
 	if (e->d->mr_mode & FI_MR_LOCAL) {
 		rc = fi_mr_reg(e->d->domain, e->arena, asz, FI_SEND | FI_RECV, 0,
-			       (e->d->mr_mode & FI_MR_PROV_KEY) ? 0 : e->d->next_key++, 0,
+			       (e->d->mr_mode & FI_MR_PROV_KEY) ? 0 : ofi_dom_key(e->d), 0,
 			       &e->arena_mr, NULL);
 		if (rc) {
 			return fi_err(rc);
@@ -158,8 +150,9 @@ static void ep_cache_ports(struct ofi_ep *e)
 	}
 }
 
-/* Opener: endpoint to ip:port from the NIC's domain; connect. */
-static int ep_connect(struct ofi_ep *e)
+/* Opener: endpoint to ip:port from the NIC's domain; connect. On a connector thread (the
+ * provider may resolve the address and route synchronously here). */
+int ofi_ep_connect(struct ofi_ep *e)
 {
 	struct fi_info *info = ofi_lf_dupinfo(e->d->info);
 	struct sockaddr_in *sa;
@@ -423,9 +416,10 @@ void ofi_on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 	rh_core_stream_ready(e->lane, &reply);
 }
 
+/* The I/O thread takes over an endpoint a connector thread set up (e->connect_rc). */
 void ofi_ep_start(struct ofi_ep *e)
 {
-	int rc = ep_connect(e);
+	int rc = e->connect_rc;
 
 	e->next = ofi_eps;
 	ofi_eps = e;

@@ -13,7 +13,7 @@ atomic_bool ofi_kicked;
 pthread_mutex_t ofi_pend_mu = PTHREAD_MUTEX_INITIALIZER;
 struct ofi_ep *ofi_pending; /* created by other threads */
 struct ofi_ep *ofi_eps; /* owned by the I/O thread */
-bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
+atomic_bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
 
 void ofi_io_kick(void)
 {
@@ -330,7 +330,13 @@ static bool poll_eq(struct ofi_ep *e)
 	}
 	if (ev == FI_CONNECTED) {
 		if (e->st == ES_CONNECTING && e->hello) {
-			int rc = ofi_send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
+			int rc;
+
+			/* the peer accepted: a live pair, however long the hellos take */
+			if (e->kind == EK_LANE && e->lane && !atomic_load(&e->fenced)) {
+				rh_core_stream_answered(e->lane);
+			}
+			rc = ofi_send_msg(e, OFI_M_HELLO, e->hello, e->hello_len);
 
 			free(e->hello);
 			e->hello = NULL;

@@ -153,7 +153,7 @@ struct ofi_dom {
 	const struct ofi_imm_layout *imm; /* the write immediate's layout (cq_data_size) */
 	pthread_mutex_t rc_mu;
 	struct ofi_rcache rc;
-	uint64_t next_key;
+	uint64_t next_key; /* atomic: ofi_dom_key() (the I/O and connector threads) */
 };
 
 /* lane->tp: the core attaches and detaches endpoints through its head (lane_ops.h). */
@@ -195,6 +195,7 @@ struct ofi_ep {
 	atomic_bool fenced;
 	bool failed;
 	bool probe_reported;
+	int connect_rc; /* opener: what ofi_ep_connect returned (connector thread) */
 	uint8_t *hello; /* opener: the hello message to send once connected */
 	size_t hello_len;
 	struct ofi_rx rx[OFI_NRX];
@@ -242,7 +243,7 @@ bool ofi_ep_ctrl_only(const struct ofi_ep *e);
 void ofi_ep_fail(struct ofi_ep *e, int err, const char *why);
 void ofi_ep_free(struct ofi_ep *e);
 struct ofi_ep *ofi_ep_new(enum ep_kind kind, int nic);
-void ofi_ep_push(struct ofi_ep *e);
+int ofi_ep_connect(struct ofi_ep *e);
 int ofi_ep_setup(struct ofi_ep *e, struct fi_info *info);
 void ofi_ep_start(struct ofi_ep *e);
 void ofi_ep_touch(struct ofi_ep *e, uint64_t bytes);
@@ -272,8 +273,20 @@ extern atomic_bool ofi_kicked;
 extern pthread_mutex_t ofi_pend_mu;
 extern struct ofi_ep *ofi_pending; /* created by other threads */
 extern struct ofi_ep *ofi_eps; /* owned by the I/O thread */
-extern bool ofi_wait_fds; /* the provider gives FI_WAIT_FD wait objects */
+extern atomic_bool ofi_wait_fds; /* the provider gives FI_WAIT_FD wait objects */
 void ofi_io_kick(void);
 void *ofi_io_main(void *arg);
+
+/* connect.c: the connector threads (set-up and connect of the endpoints this side opens) */
+#define OFI_CONNECTORS 4
+void ofi_ep_push(struct ofi_ep *e); /* any thread: connect it, then hand it to the I/O thread */
+int ofi_connectors_start(void);
+void ofi_connectors_stop(void);
+
+/* A registration key of the domain (any thread). */
+static inline uint64_t ofi_dom_key(struct ofi_dom *d)
+{
+	return __atomic_fetch_add(&d->next_key, 1, __ATOMIC_RELAXED);
+}
 
 #endif

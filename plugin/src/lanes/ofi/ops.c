@@ -35,7 +35,7 @@ static int ofi_start(int nthreads)
 	}
 	io_started = true;
 	pthread_setname_np(ofi_io_thread, "railhop-ofi");
-	return 0;
+	return ofi_connectors_start(); /* a failed start is stopped by the caller (ofi_stop) */
 }
 
 /* Join the I/O thread, close every endpoint (their connection references go), then the
@@ -43,6 +43,7 @@ static int ofi_start(int nthreads)
  * they started. */
 static void ofi_stop(void)
 {
+	ofi_connectors_stop(); /* first: what they hand over lands in ofi_pending, closed below */
 	if (io_started) {
 		atomic_store(&ofi_io_stop, true);
 		atomic_store(&ofi_kicked, false);
