@@ -10,12 +10,16 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from railhop_lab.harness import HarnessResult
     from railhop_lab.vmlab import VmLab
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def in_ci() -> bool:
@@ -81,3 +85,25 @@ def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "lab" in request.fixturenames:
         request.getfixturevalue("lab").heal_all()
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    """The plugin and the harness are built (``require_built``)."""
+    require_built()
+
+
+def check_clean(res: HarnessResult, at_least: int) -> None:
+    """A harness run that ended well: both sides ok, no bad byte, at least that many checked."""
+    assert res.ok, res.describe()
+    assert res.data_errors == 0, res.describe()
+    assert res.bytes_checked >= at_least, res.describe()
+
+
+def verbs_check_path() -> Path:
+    """``railhop-verbs-check`` (plugin/tools/verbs_check.c) from ``make ctest``, or
+    ``$RAILHOP_VERBS_CHECK_PATH``."""
+    default = REPO / "build" / "ctest" / "plugin" / "railhop-verbs-check"
+    p = Path(os.environ.get("RAILHOP_VERBS_CHECK_PATH", default))
+    require(p.is_file(), f"{p} not built (make ctest)")
+    return p

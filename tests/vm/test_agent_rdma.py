@@ -14,7 +14,6 @@ prerequisite fails instead of skipping.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from conftest import require
+from conftest import verbs_check_path
 from railhop_lab.vmlab import GuestJob, VmLab
 
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
@@ -255,16 +254,6 @@ def test_a_carrier_loss_is_seen_by_every_rdma_source_and_traced(
 def _hw_counter(lab: VmLab, node: int, nic: int, name: str) -> int:
     path = f"/sys/class/infiniband/rxe{nic}/ports/1/hw_counters/{name}"
     return int(lab.guests[node].sh(f"cat {path}", timeout=60).stdout.split()[0])
-
-
-def verbs_check_path() -> Path:
-    p = Path(
-        os.environ.get(
-            "RAILHOP_VERBS_CHECK_PATH", REPO / "build" / "ctest" / "plugin" / "railhop-verbs-check"
-        )
-    )
-    require(p.is_file(), f"{p} not built (make ctest)")
-    return p
 
 
 def test_a_blackhole_under_rc_traffic_is_seen_from_the_rdma_side(

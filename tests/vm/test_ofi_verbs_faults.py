@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from conftest import require_built
-from railhop_lab.harness import HarnessConfig, HarnessResult
+from conftest import check_clean
+from railhop_lab.harness import HarnessConfig
 from railhop_lab.vmharness import VERBS_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
@@ -28,11 +28,6 @@ COMPLETION_S = int(VERBS_ENV["RAILHOP_COMPLETION_TIMEOUT"]) / 1000
 PROBE_S = int(VERBS_ENV["RAILHOP_PROBE_TIMEOUT"]) / 1000
 
 
-@pytest.fixture(scope="module")
-def built() -> None:
-    require_built()
-
-
 def _cfg(duration: float = 80.0, expect_error: bool = False) -> HarnessConfig:
     return HarnessConfig(
         conns=4,
@@ -42,12 +37,6 @@ def _cfg(duration: float = 80.0, expect_error: bool = False) -> HarnessConfig:
         deadline=duration + 180,
         expect_error=expect_error,
     )
-
-
-def _check_clean(res: HarnessResult, at_least: int) -> None:
-    assert res.ok, res.describe()
-    assert res.data_errors == 0, res.describe()
-    assert res.bytes_checked >= at_least, res.describe()
 
 
 def _log(run: VmHarnessRun, role: str) -> str:
@@ -72,7 +61,7 @@ def test_blackhole_on_a_rail_is_found_by_the_lane(lab: VmLab, built: None) -> No
             assert lab.port_states(node)[0] == ("ACTIVE", True), "a blackhole keeps the port up"
         lab.heal(0)
         res = run.wait()
-    _check_clean(res, 24 * MiB)
+    check_clean(res, 24 * MiB)
     send, recv = _log(run, "send"), _log(run, "recv")
     found = _lane_failures(send, 0) + _lane_failures(recv, 0)
     assert found, send[-4000:]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from conftest import require_built, until
-from railhop_lab.harness import HarnessConfig, HarnessResult
+from conftest import check_clean, until
+from railhop_lab.harness import HarnessConfig
 from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import (
     CmdResult,
@@ -161,22 +161,11 @@ def test_flap_then_heal(lab: VmLab) -> None:
 # The ofi lane over libfabric's verbs provider between the two guests
 
 
-@pytest.fixture(scope="module")
-def built() -> None:
-    require_built()
-
-
-def _check_clean(res: HarnessResult, at_least: int) -> None:
-    assert res.ok, res.describe()
-    assert res.data_errors == 0, res.describe()
-    assert res.bytes_checked >= at_least, res.describe()
-
-
 def test_ofi_lane_over_verbs(lab: VmLab, built: None) -> None:
     cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), count=48, inflight=4, deadline=240)
     with VmHarnessRun(lab, cfg, verbose=True) as run:
         res = run.wait()
-    _check_clean(res, 48 * MiB)
+    check_clean(res, 48 * MiB)
     for side in (res.send, res.recv):
         log = (run.dir / f"{side.role}.err").read_text()
         assert "transport ofi (RAILHOP_TRANSPORT=ofi" in log, log[-3000:]
@@ -196,7 +185,7 @@ def test_ofi_lane_over_verbs_through_a_remote_carrier_loss(lab: VmLab, built: No
         lab.heal(0)
         wait_for_each_conn(run, 4 * MiB, 120)  # and after the fail-back
         res = run.wait()
-    _check_clean(res, 24 * MiB)
+    check_clean(res, 24 * MiB)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,14 +14,13 @@ built yet. Needs root, QEMU, virtme-ng and a kernel with rxe (``make setup``) an
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import require
+from conftest import verbs_check_path
 from railhop_lab.vmlab import End, GuestJob, VmLab
 
 # the lab's boot may fall in this module's first test when it runs alone (see test_rdma_lab.py)
@@ -35,16 +34,6 @@ ETIMEDOUT = 110
 ENETDOWN = 100
 VERBS_FAIL_LANE = 1
 VERBS_FAIL_NIC = 2
-
-
-def verbs_check_path() -> Path:
-    p = Path(
-        os.environ.get(
-            "RAILHOP_VERBS_CHECK_PATH", REPO / "build" / "ctest" / "plugin" / "railhop-verbs-check"
-        )
-    )
-    require(p.is_file(), f"{p} not built (make ctest)")
-    return p
 
 
 @pytest.fixture(scope="module", autouse=True)

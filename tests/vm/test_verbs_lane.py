@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import require_built
-from railhop_lab.harness import HarnessConfig, HarnessResult
+from conftest import check_clean
+from railhop_lab.harness import HarnessConfig
 from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
@@ -29,17 +29,6 @@ LANE_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def built() -> None:
-    require_built()
-
-
-def _check_clean(res: HarnessResult, at_least: int) -> None:
-    assert res.ok, res.describe()
-    assert res.data_errors == 0, res.describe()
-    assert res.bytes_checked >= at_least, res.describe()
-
-
 def _logs(run: VmHarnessRun) -> dict[str, str]:
     return {r: (run.dir / f"{r}.err").read_text(errors="replace") for r in ("send", "recv")}
 
@@ -51,7 +40,7 @@ def test_verbs_lane_data_path(lab: VmLab, built: None) -> None:
     cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), count=16, inflight=4, deadline=400)
     with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True) as run:
         res = run.wait()
-    _check_clean(res, 4 * 16 * MiB)
+    check_clean(res, 4 * 16 * MiB)
     for role, log in _logs(run).items():
         assert "transport verbs (RAILHOP_TRANSPORT=verbs)" in log, (role, log[-3000:])
         for nic in range(lab.nics):
@@ -73,7 +62,7 @@ def test_verbs_lane_through_a_remote_carrier_loss(lab: VmLab, built: None) -> No
         lab.heal(0)
         wait_for_each_conn(run, 2 * MiB, 200)
         res = run.wait()
-    _check_clean(res, 16 * MiB)
+    check_clean(res, 16 * MiB)
     send = _logs(run)["send"]
     # the move off rail 0 and the return to it (the run goes on 150 s, long past the heal)
     assert "failover: nic0 -> peer NIC 0 failed" in send, send[-4000:]
