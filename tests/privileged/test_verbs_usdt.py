@@ -217,3 +217,15 @@ async def _aw(cond: Callable[[], object], timeout: float = 15.0) -> None:
     while not cond():
         assert time.monotonic() < end, "condition not met before the deadline"
         await asyncio.sleep(0.01)
+
+
+def test_the_plugin_library_carries_the_verbs_probes() -> None:
+    """The verbs lane drains its queues through poll.c, so the plugin itself (not only the test
+    driver) carries every verbs probe with its arguments: verbs_wc's 5, the others' 4."""
+    from conftest import require_built
+    from railhop import paths
+
+    require_built()
+    notes = stapsdt_notes(Path(paths.plugin_path()).read_bytes())
+    nargs = {n.name: n.nargs for n in notes if n.name in VERBS_PROBES}
+    assert nargs == {"verbs_wc": 5, "verbs_wc_err": 4, "verbs_async": 4}, nargs
