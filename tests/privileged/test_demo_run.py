@@ -110,7 +110,7 @@ def test_quick_demo_results_are_sane_and_consistent(
     # the plugin's completion timeout is 1 s; the TCP signal (nic1 SUSPECT) lets it fail the
     # lane earlier, so only the upper bound holds
     assert 0.0 < bh["detect_s"] < 4.0
-    assert -0.05 < cl["detect_s"] < 1.0
+    assert -0.05 < cl["detect_s"] < 2.0  # a carrier signal, not a timeout (source above)
     for f in (bh, cl):
         assert f["survived"] is True and f["errors"] == 0
         assert f["detection"]["nic"] == f"nic{f['nic']}"

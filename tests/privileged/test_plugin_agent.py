@@ -291,8 +291,9 @@ def test_one_process_timeout_moves_the_other_process(fab: Fabric) -> None:
         f"A's event {t_event_b - t_fault_b:.3f} s after the fault; "
         f"B moved {moved - t_event_b:.3f} s after the event"
     )
-    assert t_event_b - t_fault_b < 2.0
-    assert moved - t_event_b < 0.3, res_b.describe()  # B's own timeout is 10 s
+    assert t_event_b - t_fault_b < 5.0  # the wait above allows 5 s
+    # B moved on A's event, not on its own 10 s timeout (how soon is a benchmark)
+    assert moved - t_event_b < 3.0, res_b.describe()
     assert res_b.recv.progress[-1].per_conn[1] > bytes_at(res_b.recv.progress, moved, 1) + MiB
 
 

@@ -141,6 +141,7 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
                 10,
                 "nic1 down in the metrics",
             )
+            seen_down = time.time_ns()  # the test saw DOWN: the agent decided before this
             during = metrics0(fab)
             time.sleep(1.0)  # a measured window: traffic must have moved off nic1
             later = metrics0(fab)
@@ -152,7 +153,11 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         # ---- metrics during the failover
         assert during['railhop_failovers_total{cause="carrier_down",device="nic1"}'] == 1
         assert during['railhop_detection_latency_seconds_count{source="netlink"}'] == 1
-        assert during['railhop_detection_latency_seconds_sum{source="netlink"}'] < 1.0
+        # first bad signal -> DOWN: positive, and no longer than the window from the fault to
+        # the scrape that showed DOWN (holds however loaded the host is; how short it is, is a
+        # benchmark: bench/failover_timeline.py)
+        latency = during['railhop_detection_latency_seconds_sum{source="netlink"}']
+        assert 0 < latency <= (seen_down - wall0) / 1e9, (latency, (seen_down - wall0) / 1e9)
         assert during['railhop_nic_up{device="nic1"}'] == 0
         ups = {i: during[f'railhop_nic_up{{device="nic{i}"}}'] for i in range(4)}
         assert ups == {0: 1, 1: 0, 2: 1, 3: 1}, (ups, agent_log.read_text()[-2000:])
@@ -207,6 +212,8 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert ra["railhop.failover.outcome"] == "failed_back"
         # timed by the netlink message, not by the agent: starts within the fault window
         assert wall0 - 50_000_000 <= r["start"] <= wall1 + 500_000_000
+        # the agent decided `latency` after the message's time, before the test saw DOWN
+        assert r["start"] + latency * 1e9 <= seen_down + 50_000_000
         det = next(s for s in tree if s["name"] == tracing.DETECTION)
         assert det["start"] == r["start"]
         assert det["attributes"]["railhop.detection.signal"] == "carrier_down"
