@@ -9,7 +9,8 @@
  * RH_USE_<probe>, RH_NA_<probe> (argument count) and RH_AT_<probe>_<n> (argument types) come
  * from the loader.
  */
-/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
+/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c,
+ * rh_usdt_reserve() and RH_CAT() from rh_usdt_ev.c */
 #define RH_LAT_BUCKETS 40
 
 struct rh_lane_key {
@@ -25,20 +26,6 @@ struct rh_lane_stats {
 };
 
 BPF_HASH(rh_lane_stats, struct rh_lane_key, struct rh_lane_stats, 4096);
-
-static __always_inline struct rh_usdt_ev *rh_usdt_reserve(__u32 probe)
-{
-	struct rh_usdt_ev *e = RH_RESERVE(struct rh_usdt_ev, RH_EV_USDT, RH_HOOK_USDT);
-
-	if (e) {
-		e->probe = probe;
-		e->pid = bpf_get_current_pid_tgid() >> 32;
-	}
-	return e;
-}
-
-#define RH_CAT_(a, b) a##b
-#define RH_CAT(a, b) RH_CAT_(a, b)
 
 /*
  * One function per lane probe, each the text of rh_usdt_lane.c composed in by the loader with

@@ -10,7 +10,8 @@
  * go to the ring buffer as rh_usdt_ev records (rare: a queue pair fails once, then flushes).
  * RH_USE_<probe>, RH_NA_<probe> and RH_AT_<probe>_<n> come from the loader.
  */
-/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c */
+/* rh_events, rh_drops, RH_RESERVE() and rh_submit() come from the prelude rh_ringbuf.c,
+ * rh_usdt_reserve() and RH_CAT() from rh_usdt_ev.c */
 
 struct rh_verbs_key {
 	__u32 pid;
@@ -29,20 +30,6 @@ struct rh_verbs_stats {
 BPF_HASH(rh_verbs_stats, struct rh_verbs_key, struct rh_verbs_stats, 4096);
 
 #define RH_WC_FLUSH 5 /* IBV_WC_WR_FLUSH_ERR */
-
-static __always_inline struct rh_usdt_ev *rh_usdt_reserve(__u32 probe)
-{
-	struct rh_usdt_ev *e = RH_RESERVE(struct rh_usdt_ev, RH_EV_USDT, RH_HOOK_USDT);
-
-	if (e) {
-		e->probe = probe;
-		e->pid = bpf_get_current_pid_tgid() >> 32;
-	}
-	return e;
-}
-
-#define RH_CAT_(a, b) a##b
-#define RH_CAT(a, b) RH_CAT_(a, b)
 
 /* the ring-buffer probes: one function each, the text of rh_usdt_lane.c (see plugin_usdt.bpf.c) */
 #define RH_PROBE verbs_wc_err

@@ -12,6 +12,7 @@ from railhop.sources.ebpf.carrier import CARRIER
 from railhop.sources.ebpf.rdma import RDMA_DRV
 from railhop.sources.ebpf.tcp import TCP_LANE
 from railhop.sources.usdt import SPEC as USDT_SPEC
+from railhop.sources.verbs_usdt import VERBS_SPEC as VERBS_USDT_SPEC
 
 
 def test_preludes_then_file_with_fragments_and_line_markers(tmp_path: Path) -> None:
@@ -62,8 +63,8 @@ def test_errors(tmp_path: Path) -> None:
 
 def test_shipped_probes_compose_and_share_one_ring_buffer() -> None:
     d = paths.bpf_dir()
-    for spec in (CARRIER, TCP_LANE, RDMA_DRV, USDT_SPEC):
-        assert spec.preludes == ("rh_ringbuf.c",)
+    for spec in (CARRIER, TCP_LANE, RDMA_DRV, USDT_SPEC, VERBS_USDT_SPEC):
+        assert spec.preludes[0] == "rh_ringbuf.c"
         text = compose(d, spec.file, spec.preludes)
         # one definition of the ring buffer and drop counter, from the prelude, in every probe
         assert text.count("BPF_RINGBUF_OUTPUT(rh_events") == 1, spec.file
@@ -72,3 +73,8 @@ def test_shipped_probes_compose_and_share_one_ring_buffer() -> None:
         assert not any(INCLUDE.match(ln) for ln in text.splitlines())
     usdt = compose(d, USDT_SPEC.file, USDT_SPEC.preludes)
     assert usdt.count('#line 1 "rh_usdt_lane.c"') == 6  # one handler per lane probe
+    # both USDT programs take rh_usdt_reserve() from their shared prelude, defined once
+    for spec in (USDT_SPEC, VERBS_USDT_SPEC):
+        text = compose(d, spec.file, spec.preludes)
+        assert text.count("rh_usdt_ev *rh_usdt_reserve(") == 1, spec.file
+        assert "rh_usdt_reserve(__u32" not in (d / spec.file).read_text(), spec.file

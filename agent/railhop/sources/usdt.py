@@ -20,7 +20,7 @@ from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Reason, SourceError, attached, skipped
 from railhop.sources.compose import ComposeError
 from railhop.sources.ebpf.loader import precheck, run_trials
-from railhop.sources.ebpf.source import EbpfSource
+from railhop.sources.ebpf.source import RINGBUF, EbpfSource
 
 PROVIDER = "railhop"
 LANE_PROBES = (
@@ -35,9 +35,10 @@ ALL_PROBES = (*LANE_PROBES, "req_done")
 MAX_ARGS = 4
 LAT_BUCKETS = 40
 
-SPEC = H.ProbeSpec(
-    source="usdt.plugin", file="plugin_usdt.bpf.c", hooks=(), preludes=("rh_ringbuf.c",)
-)
+# the USDT programs' preludes: the ring buffer, then rh_usdt_reserve() and RH_CAT()
+USDT_PRELUDES = (*RINGBUF, "rh_usdt_ev.c")
+
+SPEC = H.ProbeSpec(source="usdt.plugin", file="plugin_usdt.bpf.c", hooks=(), preludes=USDT_PRELUDES)
 
 
 class UsdtError(SourceError):

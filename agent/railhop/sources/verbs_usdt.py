@@ -18,11 +18,11 @@ from typing import ClassVar
 from railhop.sources import hooks as H
 from railhop.sources.decode import IB_EVENTS
 from railhop.sources.events import Event, PluginLaneEvent, VerbsAsync, VerbsWcError
-from railhop.sources.usdt import UsdtProbes
+from railhop.sources.usdt import USDT_PRELUDES, UsdtProbes
 
 VERBS_PROBES = ("verbs_wc", "verbs_wc_err", "verbs_async")
 VERBS_SPEC = H.ProbeSpec(
-    source="usdt.verbs", file="verbs_usdt.bpf.c", hooks=(), preludes=("rh_ringbuf.c",)
+    source="usdt.verbs", file="verbs_usdt.bpf.c", hooks=(), preludes=USDT_PRELUDES
 )
 
 # enum ibv_wc_status (rdma-core infiniband/verbs.h), without the IBV_WC_ prefix
