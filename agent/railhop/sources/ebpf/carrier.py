@@ -7,20 +7,14 @@ from pathlib import Path
 
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Emit, Reason
-from railhop.sources.ebpf.netns import NET_INUM, NetnsFilter
+from railhop.sources.ebpf.netns import NetnsFilter, netns_of
 from railhop.sources.ebpf.source import RINGBUF, EbpfSource
 from railhop.sources.events import CarrierDown, Event
 
 NETDEV_OFFSETS = H.offsets(
     RH_OFF_NETDEV_NAME=("net_device", "name"), RH_OFF_NETDEV_IFINDEX=("net_device", "ifindex")
 )
-NETDEV_NETNS = H.optional(
-    H.compose(
-        NET_INUM,
-        H.offset_chain("RH_OFF_NETDEV_NET", ("net_device", "nd_net"), ("possible_net_t", "net")),
-    ),
-    ["-DRH_NO_NETNS"],
-)
+NETDEV_NETNS = netns_of("RH_OFF_NETDEV_NET", "net_device", "nd_net")
 
 CARRIER = H.ProbeSpec(
     source="ebpf.carrier",

@@ -11,6 +11,17 @@ from railhop.sources.events import Event
 NET_INUM = H.offset_chain("RH_OFF_NET_INUM", ("net", "ns"), ("ns_common", "inum"))
 
 
+def netns_of(macro: str, struct: str, field: str) -> H.Requirement:
+    """The offsets a probe needs to read the netns inode from ``struct.field`` (a
+    ``possible_net_t``), under ``macro``; optional: where the kernel's BTF lacks them the
+    program is built with ``-DRH_NO_NETNS`` and its events carry no netns (they pass the
+    filter)."""
+    return H.optional(
+        H.compose(NET_INUM, H.offset_chain(macro, (struct, field), ("possible_net_t", "net"))),
+        ["-DRH_NO_NETNS"],
+    )
+
+
 class NetnsFilter:
     """Keeps events of one network namespace (by inode). Events whose hook cannot see the netns
     (``netns_ino == 0``: plain tracepoints) pass. ``netns``: None = no filter, ``"self"``, or a

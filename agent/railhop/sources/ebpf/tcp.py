@@ -11,7 +11,7 @@ from typing import Any
 from railhop.sources import hooks as H
 from railhop.sources.base import Capability, Emit, Reason
 from railhop.sources.ebpf.loader import EbpfError
-from railhop.sources.ebpf.netns import NET_INUM, NetnsFilter
+from railhop.sources.ebpf.netns import NetnsFilter, netns_of
 from railhop.sources.ebpf.source import RINGBUF, EbpfSource
 from railhop.sources.events import Event
 
@@ -25,13 +25,7 @@ SOCK_OFFSETS = H.offsets(
     RH_OFF_SKC_V6_DADDR=("sock_common", "skc_v6_daddr"),
     RH_OFF_SKC_V6_RCV_SADDR=("sock_common", "skc_v6_rcv_saddr"),
 )
-SOCK_NETNS = H.optional(
-    H.compose(
-        NET_INUM,
-        H.offset_chain("RH_OFF_SKC_NET", ("sock_common", "skc_net"), ("possible_net_t", "net")),
-    ),
-    ["-DRH_NO_NETNS"],
-)
+SOCK_NETNS = netns_of("RH_OFF_SKC_NET", "sock_common", "skc_net")
 
 TCP_LANE = H.ProbeSpec(
     source="ebpf.tcp",
