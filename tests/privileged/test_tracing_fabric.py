@@ -157,6 +157,7 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         # the scrape that showed DOWN (holds however loaded the host is; how short it is, is a
         # benchmark: bench/failover_timeline.py)
         latency = during['railhop_detection_latency_seconds_sum{source="netlink"}']
+        print(f"netlink: first bad signal -> DOWN {latency:.3f} s")
         assert 0 < latency <= (seen_down - wall0) / 1e9, (latency, (seen_down - wall0) / 1e9)
         assert during['railhop_nic_up{device="nic1"}'] == 0
         ups = {i: during[f'railhop_nic_up{{device="nic{i}"}}'] for i in range(4)}

@@ -572,6 +572,53 @@ def test_agent_lanes_status_and_tcp_suspect(tmp_path: Path) -> None:
     assert slow.stopped and fake.stopped
 
 
+class SlowUsdtSource(FakeSource):
+    """The plugin's USDT probes: a bcc program too, its start blocks until released."""
+
+    name = "usdt.plugin"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def start_sync(self, emit: Callable[[Any], None]) -> list[Any]:
+        assert self.release.wait(30)
+        self.emit = emit
+        return []
+
+    def stop_sync(self) -> None:
+        self.stopped = True
+
+
+def test_a_carrier_loss_is_acted_on_while_the_usdt_probes_still_compile(tmp_path: Path) -> None:
+    """The USDT sources compile a bcc program (seconds to minutes on a busy node): the loop
+    must act on the other sources' events meanwhile. Before, they started inline and a carrier
+    loss in that window waited for the compile (7 s in the tracing fabric test)."""
+    run_dir = tmp_path / "run"
+    usdt, fake = SlowUsdtSource(), FakeSource()
+    cfg = daemon.AgentConfig(policy_path=POLICY, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50)
+    agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [fake, usdt])
+    table = run_dir / "health.tbl"
+
+    async def body() -> None:
+        task = asyncio.create_task(agent.run())
+        try:
+            await until(lambda: snap(table) is not None and fake.emit is not None)
+            assert fake.emit is not None and usdt.emit is None  # still compiling
+            fake.emit(sev.CarrierDown(ts_ns=time.monotonic_ns(), source="nl", ifname="ibp25s0"))
+            await until(lambda: state_of(snap(table), "ibp25s0") == NicState.DOWN)
+            assert usdt.emit is None and not agent.sources_ready.is_set()
+            usdt.release.set()
+            await until(lambda: usdt.emit is not None and agent.sources_ready.is_set())
+        finally:
+            usdt.release.set()
+            agent.request_stop()
+            assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(body())
+    assert usdt.stopped and fake.stopped
+
+
 def read_status(path: Path) -> dict[str, Any] | None:
     from railhop.control.status import read_status_doc
 

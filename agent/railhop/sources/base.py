@@ -181,8 +181,10 @@ def source_timeout_s(environ: Mapping[str, str] | None = None) -> float:
 
 
 def starts_slowly(source: Source) -> bool:
-    """Kernel-hook sources (``ebpf.*``: trial child + compile) start in the background."""
-    return source.name.startswith("ebpf.")
+    """A source whose start blocks (:class:`ThreadStarted`: the kernel hooks ``ebpf.*`` and the
+    plugin's USDT probes ``usdt.*``, each a trial child + a bcc compile, seconds to minutes)
+    starts in the background, so the loop acts on the quick sources' events meanwhile."""
+    return isinstance(source, ThreadStarted)
 
 
 StartedHook = Callable[[Source, list[Capability]], None]
