@@ -179,8 +179,10 @@ def test_suspect_nic_is_probed_and_moved_before_the_timeout(fab: Fabric) -> None
         f"suspect at t0: lane moved after {moved:.3f} s, first MiB after the move delivered "
         f"{took:.3f} s later (longest stall of the connection {stall:.3f} s, replay included)"
     )
-    # the timeout alone would start its probe at 0.7 s and move at >= 1.0 s
-    assert moved < 0.6, res.describe()
+    # the timeout alone would start its probe at 0.7 s and move at >= 1.0 s: before that, only
+    # the SUSPECT's probe can have moved it (how much before is a benchmark; a loaded host
+    # delays the probe's 300 ms)
+    assert moved < 1.0, res.describe()
     # the data itself then waits for the backup lanes' handshakes on the loaded NICs and the
     # replay of every unconfirmed message (up to 8 x 3 MiB) at this connection's share
     assert moved + took < 4.0, res.describe()
@@ -196,7 +198,7 @@ def test_suspect_lane_confirmed_by_tcp_loss_state(fab: Fabric) -> None:
     moved = moved_at(res.send.stderr_tail, "nic1") - t_fault
     print(f"suspect at t0, probe deadline 2 s: lane moved after {moved:.3f} s")
     assert "transport lost the path" in res.send.stderr_tail, res.describe()
-    assert moved < 0.8, res.describe()
+    assert moved < 2.0, res.describe()  # before the 2 s probe could have (cause: line above)
 
 
 class FakeAgent(threading.Thread):
