@@ -17,9 +17,13 @@
  * may send (a send to a queue pair that is not yet RTR would wait for a full retry timeout).
  * Probes are the same hello exchange without a queue pair.
  *
- * Adverts, the fence and the immediate follow the ofi lane (lanes/ofi/fence.c, its THE FENCE
- * comment; the pure tables of lanes/ofi/proto.c are shared): the immediate is the ofi lane's
- * narrow 32-bit layout (seq, slot, chunk, epoch, the truncated fields expanded on receipt).
+ * Adverts and the fence follow the ofi lane (lanes/ofi/fence.c, its THE FENCE comment; the
+ * pure tables of lanes/ofi/proto.c are shared). The immediate does not: it names the advert
+ * (a 12-bit id the receiver gave it, carried in the ADV) and the chunk (20 bits), and the
+ * receiver takes seq, slot and epoch whole from its table of ids (proto.h), so a write still
+ * in flight across any number of resumes resolves to the advert it was posted against; an
+ * immediate that names no live advert of the lane fails the lane (-EPROTO), it is never
+ * placed by a guess.
  * Rule 1 here: a fenced lane's queue pair is moved to the error state and destroyed before
  * anything else the I/O thread does; once ibv_destroy_qp returns the device places and reads
  * nothing more for it.
@@ -126,7 +130,10 @@ struct vb_lane {
 	uint32_t max_adv_epoch;
 	uint64_t stall_mark, stall_since_ms;
 	struct ofi_adv_table adv; /* sender: adverts received */
+	uint16_t adv_id[RH_RING][RH_MAX_RECVS]; /* sender: their advert ids + 1 (0: none) */
 	struct ofi_rrec_table rrec; /* receiver: adverts given */
+	uint16_t rrec_id[RH_RING][RH_MAX_RECVS]; /* receiver: their advert ids + 1 (0: none) */
+	struct verbs_adv_ids ids; /* receiver: the ids of the adverts given (proto.h) */
 };
 
 struct vb_ep {
