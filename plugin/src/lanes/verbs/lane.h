@@ -186,6 +186,9 @@ struct vb_ep *verbs_ep_new(enum vb_kind kind, int nic);
 void verbs_ep_push(struct vb_ep *e);
 int verbs_ep_qp(struct vb_ep *e); /* CQ, QP (INIT), arena, receives posted */
 void verbs_ep_start(struct vb_ep *e);
+/* RTR/RTS towards the queue pair address in the peer's authenticated hello, refused (-EPROTO,
+ * -EADDRNOTAVAIL, the queue pair left in INIT) unless it is the peer NIC's at peer_ip. */
+int verbs_ep_connect_peer(struct vb_ep *e, const struct rh_hello *peer, uint32_t peer_ip);
 void verbs_ep_accept(int nic, int fd);
 void verbs_ep_hs_io(struct vb_ep *e); /* the handshake socket is ready */
 void verbs_ep_close(struct vb_ep *e);

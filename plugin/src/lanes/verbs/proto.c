@@ -191,6 +191,33 @@ int verbs_qp_info_get(const uint8_t *b, size_t len, struct verbs_qp_info *q)
 	return 0;
 }
 
+void verbs_gid_of_ipv4(uint32_t ip, uint8_t gid[16])
+{
+	memset(gid, 0, 16);
+	gid[10] = 0xff;
+	gid[11] = 0xff;
+	memcpy(gid + 12, &ip, 4);
+}
+
+int verbs_peer_qp_info(const uint8_t *tp, size_t tp_len, uint32_t peer_ip, struct verbs_qp_info *q)
+{
+	uint8_t want[16];
+	int rc;
+
+	if (tp_len != VERBS_QP_INFO_LEN) {
+		return -EPROTO;
+	}
+	rc = verbs_qp_info_get(tp, tp_len, q);
+	if (rc < 0) {
+		return rc;
+	}
+	if (q->qpn < 2) {
+		return -EPROTO;
+	}
+	verbs_gid_of_ipv4(peer_ip, want);
+	return memcmp(q->gid, want, 16) ? -EADDRNOTAVAIL : 0;
+}
+
 struct verbs_verdict verbs_wc_verdict(int status)
 {
 	switch (status) {

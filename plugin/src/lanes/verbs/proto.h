@@ -117,6 +117,15 @@ struct verbs_qp_info {
 void verbs_qp_info_put(const struct verbs_qp_info *q, uint8_t *b);
 /* -EPROTO when short, qpn or psn above 24 bits, or mtu outside 1..5 (256..4096 bytes). */
 int verbs_qp_info_get(const uint8_t *b, size_t len, struct verbs_qp_info *q);
+/* The peer's queue pair address from the transport bytes of its authenticated hello, before
+ * any queue pair is moved towards it: exactly VERBS_QP_INFO_LEN bytes (-EPROTO when truncated
+ * or longer), a valid verbs_qp_info whose qpn is not one of the special queue pairs 0 and 1
+ * (-EPROTO), and a GID that is the RoCE v2 IPv4-mapped GID of peer_ip (network order: the
+ * address of the peer NIC the handshake connected to or came from), -EADDRNOTAVAIL otherwise
+ * (a GID of another NIC or host would send the writes there). */
+int verbs_peer_qp_info(const uint8_t *tp, size_t tp_len, uint32_t peer_ip, struct verbs_qp_info *q);
+/* The IPv4-mapped GID (::ffff:a.b.c.d) of ip (network order). */
+void verbs_gid_of_ipv4(uint32_t ip, uint8_t gid[16]);
 
 /* --- failure signals --- */
 
