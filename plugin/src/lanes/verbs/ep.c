@@ -209,6 +209,8 @@ static void lane_release(void *tp)
 	struct vb_lane *vl = tp;
 
 	ofi_adv_table_free(&vl->adv);
+	free(vl->ids);
+	vl->ids = NULL;
 }
 
 static void hs_close(struct vb_ep *e)

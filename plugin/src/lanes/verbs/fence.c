@@ -42,8 +42,9 @@ void verbs_on_write(struct vb_ep *e, uint32_t imm)
 		return;
 	}
 	verbs_ep_touch(e, 0);
-	rc = verbs_write_hdr(&vl->ids, 0, &vl->rrec, imm, rh_core_conn_chunk(c), rh_core_conn_id(c),
-			     &h, &adv);
+	rc = !vl->ids ? -ENOENT :
+			verbs_write_hdr(vl->ids, 0, &vl->rrec, imm, rh_core_conn_chunk(c),
+					rh_core_conn_id(c), &h, &adv);
 	if (rc == -ENOENT) {
 		WARN("verbs: queue pair %u: a write names advert %u, which is not outstanding",
 		     e->qp ? e->qp->qp_num : 0, adv);
@@ -65,8 +66,8 @@ static void rrec_retire(struct vb_lane *vl, uint64_t seq, int slot)
 {
 	uint16_t *id = &vl->rrec_id[seq % RH_RING][slot];
 
-	if (*id) {
-		verbs_adv_retire(&vl->ids, (uint32_t)(*id - 1), 0);
+	if (*id && vl->ids) {
+		verbs_adv_retire(vl->ids, (uint32_t)(*id - 1), 0);
 		*id = 0;
 	}
 }
@@ -161,8 +162,15 @@ bool verbs_answer_adv(struct vb_ep *e, struct ofi_rrec *r, int slot, uint64_t no
 		r->buf = buf;
 		r->size = size;
 	}
+	if (a.status == OFI_ADV_OK && !vl->ids) {
+		vl->ids = calloc(1, sizeof(*vl->ids));
+		if (!vl->ids) {
+			verbs_ep_fail(e, -ENOMEM, "no memory for the advert ids");
+			return true;
+		}
+	}
 	if (a.status == OFI_ADV_OK) {
-		id = verbs_adv_alloc(&vl->ids, 0, r->seq, slot, r->epoch, VERBS_ADV_WANT_ANY);
+		id = verbs_adv_alloc(vl->ids, 0, r->seq, slot, r->epoch, VERBS_ADV_WANT_ANY);
 		if (id < 0) {
 			return false; /* every id is live (more than the records): later */
 		}
@@ -171,7 +179,7 @@ bool verbs_answer_adv(struct vb_ep *e, struct ofi_rrec *r, int slot, uint64_t no
 	len = ofi_adv_put(&a, placed, body + VERBS_ADV_ID_LEN, sizeof(body) - VERBS_ADV_ID_LEN);
 	if (len < 0 || verbs_send_msg(e, OFI_M_ADV, body, (size_t)len + VERBS_ADV_ID_LEN) < 0) {
 		if (id >= 0) {
-			verbs_adv_retire(&vl->ids, (uint32_t)id, 0);
+			verbs_adv_retire(vl->ids, (uint32_t)id, 0);
 		}
 		return false; /* no send slot: later */
 	}

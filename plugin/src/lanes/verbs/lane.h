@@ -133,7 +133,9 @@ struct vb_lane {
 	uint16_t adv_id[RH_RING][RH_MAX_RECVS]; /* sender: their advert ids + 1 (0: none) */
 	struct ofi_rrec_table rrec; /* receiver: adverts given */
 	uint16_t rrec_id[RH_RING][RH_MAX_RECVS]; /* receiver: their advert ids + 1 (0: none) */
-	struct verbs_adv_ids ids; /* receiver: the ids of the adverts given (proto.h) */
+	/* receiver: the ids of the adverts given (proto.h); allocated with the first advert (a
+	 * sending lane needs none), freed with the lane */
+	struct verbs_adv_ids *ids;
 };
 
 struct vb_ep {
