@@ -299,6 +299,64 @@ static void test_peer_address(void)
 	EXPECT_EQ(fake.ncq_live, 0);
 }
 
+/* A lane's endpoint on the fake device, as ep.c builds and closes it, 20 times over: its queue
+ * pair (INIT, receives posted), CQ and arena registration, connected towards an authentic peer
+ * or failed on a refused one, and closed; nothing of the device is left behind either way. (The
+ * whole plugin's dlopen-to-dlclose lifecycle over this lane is not run here: see
+ * docs/transports.md.) */
+static void test_endpoint_lifecycle(void)
+{
+	struct vb_dev *d = &verbs_devs[0];
+	uint32_t ip = inet_addr("10.0.1.2");
+	struct verbs_qp_info q = { .qpn = 0x4242, .psn = 0x777, .mtu = IBV_MTU_1024 };
+	struct rh_hello h = { .kind = RH_HELLO_LANE, .nstreams = 1 };
+
+	fake_ibv_reset();
+	memset(d, 0, sizeof(*d));
+	d->ctx = &fake.ctx;
+	d->pd = &fake.pd;
+	d->port = 1;
+	d->gid_index = 3;
+	d->mtu = IBV_MTU_1024;
+	d->lfd = -1;
+	atomic_store(&d->ok, true);
+	verbs_gid_of_ipv4(ip, q.gid);
+	verbs_qp_info_put(&q, h.tp);
+	h.tp_len = VERBS_QP_INFO_LEN;
+	for (int round = 0; round < 20; round++) {
+		struct vb_ep *e = verbs_ep_new(VK_LANE, 0);
+		bool authentic = round % 2 == 0;
+
+		EXPECT(e != NULL);
+		if (!e) {
+			return;
+		}
+		EXPECT_EQ(verbs_ep_qp(e), 0);
+		EXPECT_EQ(fake.nqp_live, 1);
+		EXPECT_EQ(fake.ncq_live, 1);
+		EXPECT_EQ(fake.nmr_live, 1);
+		EXPECT_EQ(e->qp->state, IBV_QPS_INIT);
+		if (authentic) {
+			EXPECT_EQ(verbs_ep_connect_peer(e, &h, ip), 0);
+			EXPECT_EQ(e->qp->state, IBV_QPS_RTS);
+			verbs_ep_close(e);
+		} else {
+			EXPECT_EQ(verbs_ep_connect_peer(e, &h, inet_addr("10.0.1.9")),
+				  -EADDRNOTAVAIL);
+			EXPECT_EQ(e->qp->state, IBV_QPS_INIT);
+			verbs_ep_fail(e, -EADDRNOTAVAIL, "refused peer address");
+		}
+		EXPECT_EQ(e->st, VS_CLOSED);
+		EXPECT(e->qp == NULL && e->cq == NULL && e->arena_mr == NULL);
+		EXPECT_EQ(fake.nqp_live, 0);
+		EXPECT_EQ(fake.ncq_live, 0);
+		EXPECT_EQ(fake.nmr_live, 0);
+		verbs_ep_free(e);
+	}
+	atomic_store(&d->ok, false);
+	memset(d, 0, sizeof(*d));
+}
+
 struct seen {
 	int n;
 	uint64_t ids[64];
@@ -586,6 +644,7 @@ int main(void)
 	test_connect();
 	test_connect_in_two_halves();
 	test_peer_address();
+	test_endpoint_lifecycle();
 	test_error_completion();
 	test_async_events();
 	test_mr_cache();
