@@ -17,6 +17,7 @@
 
 #include <dlfcn.h>
 
+#include "../src/lanes/verbs/lane.h"
 #include "../src/lanes/verbs/verbs.h"
 #include "../src/core/wire.h"
 #include "../src/param.h"
@@ -202,6 +203,158 @@ static void test_connect_in_two_halves(void)
 	verbs_ib.destroy_qp(qp);
 	verbs_ib.destroy_cq(cq);
 	EXPECT_EQ(fake.nqp_live, 0);
+}
+
+/* A hostile peer's queue pair address (the transport bytes of a hello whose MAC held): the lane
+ * moves its queue pair to RTR/RTS only towards an address of exactly the codec's length, with a
+ * real QPN, PSN and MTU, whose GID is the IPv4-mapped GID of the peer NIC the handshake ran
+ * with (ep.c, verbs_ep_connect_peer); every refusal leaves the queue pair in INIT with none of
+ * the attacker's values set. */
+static void test_peer_address(void)
+{
+	struct verbs_qp_params p = params();
+	struct verbs_qp_info good = { .qpn = 0x4242, .psn = 0x777, .mtu = IBV_MTU_1024 }, q;
+	struct rh_hello h = { .kind = RH_HELLO_LANE, .nstreams = 1 };
+	uint32_t ip = inet_addr("10.0.1.2"), other = inet_addr("10.0.1.3");
+	struct vb_ep e;
+	struct ibv_cq *cq;
+	struct fake_qp *f;
+	struct {
+		const char *what;
+		uint32_t qpn, psn, gid_ip;
+		uint8_t mtu, len;
+		bool link_local;
+		int want;
+	} bad[] = {
+		{ "truncated", 0x4242, 0x777, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN - 1, false,
+		  -EPROTO },
+		{ "oversized", 0x4242, 0x777, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN + 1, false,
+		  -EPROTO },
+		{ "empty", 0x4242, 0x777, 0, IBV_MTU_1024, 0, false, -EPROTO },
+		{ "QPN above 24 bits", 0x1000042, 0x777, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN, false,
+		  -EPROTO },
+		{ "QPN 1 (GSI)", 1, 0x777, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN, false, -EPROTO },
+		{ "PSN above 24 bits", 0x4242, 0x1000000, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN, false,
+		  -EPROTO },
+		{ "MTU 9", 0x4242, 0x777, 0, 9, VERBS_QP_INFO_LEN, false, -EPROTO },
+		{ "GID of another NIC", 0x4242, 0x777, other, IBV_MTU_1024, VERBS_QP_INFO_LEN,
+		  false, -EADDRNOTAVAIL },
+		{ "link-local GID", 0x4242, 0x777, 0, IBV_MTU_1024, VERBS_QP_INFO_LEN, true,
+		  -EADDRNOTAVAIL },
+	};
+
+	fake_ibv_reset();
+	memset(&e, 0, sizeof(e));
+	cq = verbs_ib.create_cq(&fake.ctx, 128, NULL, NULL, 0);
+	e.qpp = p;
+	e.psn = 0x99;
+	e.qp = verbs_qp_create(&fake.pd, cq, &p);
+	EXPECT(e.qp != NULL);
+	if (!e.qp) {
+		return;
+	}
+	EXPECT_EQ(verbs_qp_init(e.qp, &p), 0);
+	f = fake_qp_of(e.qp);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		uint8_t b[VERBS_QP_INFO_LEN + 1] = { 0 };
+
+		q = (struct verbs_qp_info){ .qpn = bad[i].qpn,
+					    .psn = bad[i].psn,
+					    .mtu = bad[i].mtu };
+		verbs_gid_of_ipv4(bad[i].gid_ip ? bad[i].gid_ip : ip, q.gid);
+		if (bad[i].link_local) {
+			memset(q.gid, 0, 16);
+			q.gid[0] = 0xfe;
+			q.gid[1] = 0x80;
+			q.gid[15] = 2;
+		}
+		/* the codec keeps only 24-bit fields: write the attacker's raw bytes */
+		verbs_qp_info_put(&q, b);
+		memcpy(h.tp, b, sizeof(b));
+		h.tp_len = bad[i].len;
+		if (verbs_ep_connect_peer(&e, &h, ip) != bad[i].want) {
+			fprintf(stderr, "case %s: not refused as expected\n", bad[i].what);
+			EXPECT(false);
+		}
+		EXPECT_EQ(e.qp->state, IBV_QPS_INIT);
+		EXPECT_EQ(f->attr.dest_qp_num, 0);
+		EXPECT_EQ(f->attr.rq_psn, 0);
+	}
+	/* the authentic address of that NIC is taken */
+	verbs_gid_of_ipv4(ip, good.gid);
+	verbs_qp_info_put(&good, h.tp);
+	h.tp_len = VERBS_QP_INFO_LEN;
+	EXPECT_EQ(verbs_peer_qp_info(h.tp, h.tp_len, ip, &q), 0);
+	EXPECT_EQ(verbs_ep_connect_peer(&e, &h, ip), 0);
+	EXPECT_EQ(e.qp->state, IBV_QPS_RTS);
+	EXPECT_EQ(f->attr.dest_qp_num, 0x4242);
+	EXPECT_EQ(f->attr.rq_psn, 0x777);
+	EXPECT(!memcmp(f->attr.ah_attr.grh.dgid.raw, good.gid, 16));
+	EXPECT_EQ(good.gid[10], 0xff);
+	EXPECT_EQ(good.gid[11], 0xff);
+	EXPECT(!memcmp(good.gid + 12, &ip, 4));
+	verbs_ib.destroy_qp(e.qp);
+	verbs_ib.destroy_cq(cq);
+	EXPECT_EQ(fake.nqp_live, 0);
+	EXPECT_EQ(fake.ncq_live, 0);
+}
+
+/* A lane's endpoint on the fake device, as ep.c builds and closes it, 20 times over: its queue
+ * pair (INIT, receives posted), CQ and arena registration, connected towards an authentic peer
+ * or failed on a refused one, and closed; nothing of the device is left behind either way. (The
+ * whole plugin's dlopen-to-dlclose lifecycle over this lane is not run here: see
+ * docs/transports.md.) */
+static void test_endpoint_lifecycle(void)
+{
+	struct vb_dev *d = &verbs_devs[0];
+	uint32_t ip = inet_addr("10.0.1.2");
+	struct verbs_qp_info q = { .qpn = 0x4242, .psn = 0x777, .mtu = IBV_MTU_1024 };
+	struct rh_hello h = { .kind = RH_HELLO_LANE, .nstreams = 1 };
+
+	fake_ibv_reset();
+	memset(d, 0, sizeof(*d));
+	d->ctx = &fake.ctx;
+	d->pd = &fake.pd;
+	d->port = 1;
+	d->gid_index = 3;
+	d->mtu = IBV_MTU_1024;
+	d->lfd = -1;
+	atomic_store(&d->ok, true);
+	verbs_gid_of_ipv4(ip, q.gid);
+	verbs_qp_info_put(&q, h.tp);
+	h.tp_len = VERBS_QP_INFO_LEN;
+	for (int round = 0; round < 20; round++) {
+		struct vb_ep *e = verbs_ep_new(VK_LANE, 0);
+		bool authentic = round % 2 == 0;
+
+		EXPECT(e != NULL);
+		if (!e) {
+			return;
+		}
+		EXPECT_EQ(verbs_ep_qp(e), 0);
+		EXPECT_EQ(fake.nqp_live, 1);
+		EXPECT_EQ(fake.ncq_live, 1);
+		EXPECT_EQ(fake.nmr_live, 1);
+		EXPECT_EQ(e->qp->state, IBV_QPS_INIT);
+		if (authentic) {
+			EXPECT_EQ(verbs_ep_connect_peer(e, &h, ip), 0);
+			EXPECT_EQ(e->qp->state, IBV_QPS_RTS);
+			verbs_ep_close(e);
+		} else {
+			EXPECT_EQ(verbs_ep_connect_peer(e, &h, inet_addr("10.0.1.9")),
+				  -EADDRNOTAVAIL);
+			EXPECT_EQ(e->qp->state, IBV_QPS_INIT);
+			verbs_ep_fail(e, -EADDRNOTAVAIL, "refused peer address");
+		}
+		EXPECT_EQ(e->st, VS_CLOSED);
+		EXPECT(e->qp == NULL && e->cq == NULL && e->arena_mr == NULL);
+		EXPECT_EQ(fake.nqp_live, 0);
+		EXPECT_EQ(fake.ncq_live, 0);
+		EXPECT_EQ(fake.nmr_live, 0);
+		verbs_ep_free(e);
+	}
+	atomic_store(&d->ok, false);
+	memset(d, 0, sizeof(*d));
 }
 
 struct seen {
@@ -490,6 +643,8 @@ int main(void)
 	test_shim();
 	test_connect();
 	test_connect_in_two_halves();
+	test_peer_address();
+	test_endpoint_lifecycle();
 	test_error_completion();
 	test_async_events();
 	test_mr_cache();

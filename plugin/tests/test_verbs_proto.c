@@ -143,6 +143,133 @@ static void test_rapid_resumes(void)
 	EXPECT(wrong_ofi > 0); /* the schedule does alias a truncated epoch */
 }
 
+/*
+ * The lane's receive path (verbs_write_hdr, called by lanes/verbs/fence.c on every write
+ * completion) over 40 resumes with 24 writes in flight on a lane that stays up: each resume
+ * advertises a fresh receive record, and the oldest write lands once the window is full. Every
+ * late write must rebuild the header of the advert it was written against (seq, slot, epoch,
+ * chunk): under the ofi lane's narrow immediate (the lane's layout before advert ids) the same
+ * schedule resolves writes more than 16 epochs old to a wrong epoch, so this fails on it.
+ */
+#define LANE_RESUMES 40
+#define LANE_WINDOW 24
+#define CH 4096u
+
+struct lane_write {
+	uint32_t imm;
+	uint64_t imm_ofi;
+	uint64_t seq;
+	int slot;
+	uint32_t epoch, chunk;
+	uint32_t id;
+};
+
+static struct ofi_rrec_table rr;
+static char rbuf[4 * CH];
+
+static void advertise(uint64_t seq, int slot, uint32_t epoch, int *id)
+{
+	struct ofi_rrec *r = &rr.e[seq % RH_RING][slot];
+
+	*r = (struct ofi_rrec){ .seq = seq,
+				.total = 4 * CH,
+				.size = 4 * CH,
+				.buf = rbuf,
+				.epoch = epoch,
+				.state = OFI_RREC_ADVERTISED };
+	*id = verbs_adv_alloc(&ids, 0, seq, slot, epoch, VERBS_ADV_WANT_ANY);
+}
+
+static void test_lane_write_hdr(void)
+{
+	static struct lane_write q[LANE_RESUMES];
+	const struct ofi_imm_layout *narrow = ofi_imm_layout_for(4);
+	int qh = 0, qn = 0, placed = 0, wrong_ofi = 0;
+	struct rh_hdr h;
+	uint32_t adv;
+	uint8_t b[VERBS_ADV_ID_LEN];
+	int id;
+
+	verbs_adv_init(&ids);
+	memset(&rr, 0, sizeof(rr));
+	for (uint32_t epoch = 1; epoch <= LANE_RESUMES; epoch++) {
+		struct lane_write *w = &q[(qh + qn++) % LANE_RESUMES];
+		struct ofi_imm oim;
+
+		w->seq = 1000 + epoch;
+		w->slot = (int)(epoch % RH_MAX_RECVS);
+		w->epoch = epoch;
+		w->chunk = epoch % 4;
+		advertise(w->seq, w->slot, epoch, &id);
+		EXPECT(id >= 0);
+		w->id = (uint32_t)id;
+		EXPECT_EQ(verbs_imm_encode(w->id, w->chunk, &w->imm), 0);
+		oim = (struct ofi_imm){
+			.seq = w->seq, .slot = (uint32_t)w->slot, .chunk = w->chunk, .epoch = epoch
+		};
+		EXPECT_EQ(ofi_imm_encode(narrow, &oim, &w->imm_ofi), 0);
+		while (qn > LANE_WINDOW || (epoch == LANE_RESUMES && qn > 0)) {
+			struct lane_write *o = &q[qh];
+			struct ofi_imm dec;
+			struct ofi_rrec *r;
+			struct rh_hdr ho;
+
+			qh = (qh + 1) % LANE_RESUMES;
+			qn--;
+			EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, o->imm, CH, 9, &h, &adv), 0);
+			EXPECT_EQ(adv, o->id);
+			EXPECT_EQ(h.seq, o->seq);
+			EXPECT_EQ(h.slot, o->slot);
+			EXPECT_EQ(h.epoch, o->epoch);
+			EXPECT_EQ(h.off, (uint64_t)o->chunk * CH);
+			EXPECT_EQ(h.len, CH);
+			EXPECT_EQ(h.conn_id, 9);
+			placed += h.epoch == o->epoch && h.seq == o->seq;
+			/* the old layout, expanded against the receiver's newest epoch */
+			ofi_imm_decode(narrow, o->imm_ofi, &dec);
+			r = ofi_rrec_find(narrow, &rr, &dec);
+			if (!r || ofi_rrec_hdr(narrow, r, &dec, CH, epoch, 9, &ho) < 0 ||
+			    ho.epoch != o->epoch) {
+				wrong_ofi++;
+			}
+			/* the sender's next request for the record retires the id: a duplicate of
+			 * the write now names no outstanding advert and is refused, never placed */
+			EXPECT(verbs_adv_retire(&ids, o->id, 0));
+			rr.e[o->seq % RH_RING][o->slot].state = OFI_RREC_PENDING;
+			EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, o->imm, CH, 9, &h, &adv), -ENOENT);
+		}
+	}
+	EXPECT_EQ(placed, LANE_RESUMES);
+	EXPECT_EQ(ids.nlive, 0);
+	EXPECT(wrong_ofi > 0); /* the old layout does alias on this schedule */
+
+	/* an id given on another lane (queue pair) is not this lane's */
+	verbs_adv_init(&ids);
+	memset(&rr, 0, sizeof(rr));
+	EXPECT_EQ(verbs_adv_alloc(&ids, 1, 7, 0, 3, VERBS_ADV_WANT_ANY), 0);
+	EXPECT_EQ(verbs_imm_encode(0, 0, &adv), 0);
+	EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, adv, CH, 9, &h, &adv), -ENOENT);
+	/* a live id whose record no longer holds its advert: a protocol error, not a guess */
+	advertise(7, 1, 3, &id);
+	EXPECT(id >= 0);
+	rr.e[7][1].epoch = 4;
+	EXPECT_EQ(verbs_imm_encode((uint32_t)id, 0, &adv), 0);
+	EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, adv, CH, 9, &h, &adv), -EPROTO);
+	rr.e[7][1].epoch = 3;
+	EXPECT_EQ(verbs_imm_encode((uint32_t)id, 0, &adv), 0);
+	EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, adv, CH, 9, &h, &adv), 0);
+	/* a chunk outside the message */
+	EXPECT_EQ(verbs_imm_encode((uint32_t)id, 4, &adv), 0);
+	EXPECT_EQ(verbs_write_hdr(&ids, 0, &rr, adv, CH, 9, &h, &adv), -EPROTO);
+	/* the ADV's id prefix */
+	verbs_adv_id_put(VERBS_NADV - 1, b);
+	EXPECT_EQ(verbs_adv_id_get(b, sizeof(b), &adv), 0);
+	EXPECT_EQ(adv, VERBS_NADV - 1);
+	EXPECT_EQ(verbs_adv_id_get(b, sizeof(b) - 1, &adv), -EPROTO);
+	verbs_adv_id_put(VERBS_NADV, b);
+	EXPECT_EQ(verbs_adv_id_get(b, sizeof(b), &adv), -EPROTO);
+}
+
 static void test_qp_info(void)
 {
 	struct verbs_qp_info a = { .qpn = 0x123456, .psn = 0xabcdef, .mtu = IBV_MTU_1024 }, b;
@@ -200,6 +327,7 @@ int main(void)
 	test_adv_lifecycle();
 	test_adv_full();
 	test_rapid_resumes();
+	test_lane_write_hdr();
 	test_qp_info();
 	test_verdicts();
 	TEST_DONE();

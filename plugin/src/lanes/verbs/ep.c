@@ -131,13 +131,20 @@ static void qp_info(const struct vb_ep *e, struct rh_hello *h)
 	h->tp_len = VERBS_QP_INFO_LEN;
 }
 
-/* The queue pair to RTR and RTS towards the peer's address in an authenticated hello. */
-static int qp_connect(struct vb_ep *e, const struct rh_hello *peer)
+/* The queue pair to RTR and RTS towards the peer's address in an authenticated hello, once
+ * that address proved to be the peer NIC's (verbs_peer_qp_info); a refused one leaves the queue
+ * pair in INIT, where it sends and accepts nothing. */
+int verbs_ep_connect_peer(struct vb_ep *e, const struct rh_hello *peer, uint32_t peer_ip)
 {
 	struct verbs_qp_info q;
-	int rc = verbs_qp_info_get(peer->tp, peer->tp_len, &q);
+	char ip[INET_ADDRSTRLEN];
+	int rc = verbs_peer_qp_info(peer->tp, peer->tp_len, peer_ip, &q);
 
 	if (rc < 0) {
+		inet_ntop(AF_INET, &peer_ip, ip, sizeof(ip));
+		WARN("verbs: refused the queue pair address of the peer at %s: %s", ip,
+		     rc == -EADDRNOTAVAIL ? "its GID is not the IPv4-mapped GID of that address" :
+					    "malformed transport bytes (length, QPN, PSN or MTU)");
 		return rc;
 	}
 	return verbs_qp_ready(e->qp, &e->qpp, e->psn, &q);
@@ -202,6 +209,8 @@ static void lane_release(void *tp)
 	struct vb_lane *vl = tp;
 
 	ofi_adv_table_free(&vl->adv);
+	free(vl->ids);
+	vl->ids = NULL;
 }
 
 static void hs_close(struct vb_ep *e)
@@ -460,7 +469,13 @@ static int on_hello(struct vb_ep *e, const struct rh_hdr *h, struct rh_hello *in
 	e->kind = VK_LANE_IN;
 	rc = verbs_ep_qp(e);
 	if (rc == 0) {
-		rc = qp_connect(e, in);
+		struct sockaddr_in pa;
+		socklen_t pl = sizeof(pa);
+
+		rc = getpeername(e->fd, (struct sockaddr *)&pa, &pl) < 0 ? -errno : 0;
+		if (rc == 0) {
+			rc = verbs_ep_connect_peer(e, in, pa.sin_addr.s_addr);
+		}
 	}
 	if (rc == 0) {
 		qp_info(e, &reply);
@@ -499,7 +514,7 @@ static int on_reply(struct vb_ep *e, const struct rh_hdr *h, const struct rh_hel
 	if (atomic_load(&e->fenced)) {
 		return 0; /* refused by the core (the reply did not prove the secret): fenced */
 	}
-	rc = qp_connect(e, reply);
+	rc = verbs_ep_connect_peer(e, reply, e->ip);
 	if (rc == 0 && send(e->fd, &go, 1, MSG_NOSIGNAL) != 1) {
 		rc = -EPIPE;
 	}

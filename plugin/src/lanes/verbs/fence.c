@@ -29,40 +29,47 @@ static void deliver(struct vb_ep *e, const struct rh_hdr *h, const char *expect)
 	verbs_ep_touch(e, h->len);
 }
 
-static const struct ofi_imm_layout *imm_layout(void)
-{
-	return &ofi_imm_narrow; /* the 32-bit immediate of an RDMA write */
-}
-
+/* Receiver: a write completed with immediate imm (its advert id and chunk, proto.h). */
 void verbs_on_write(struct vb_ep *e, uint32_t imm)
 {
 	struct vb_lane *vl = e->lane ? e->lane->tp : NULL;
 	struct rh_conn *c = e->conn;
-	struct ofi_imm im;
-	struct ofi_rrec *r;
 	struct rh_hdr h;
+	uint32_t adv;
+	int rc;
 
 	if (!vl || rh_core_conn_is_send(c)) {
 		return;
 	}
-	ofi_imm_decode(imm_layout(), imm, &im);
-	r = ofi_rrec_find(imm_layout(), &vl->rrec, &im);
 	verbs_ep_touch(e, 0);
-	if (!r) {
-		uint32_t ep =
-			(uint32_t)ofi_expand(im.epoch, imm_layout()->epoch, rh_core_conn_epoch(c));
-
-		if (ep >= rh_core_conn_rx_min_epoch(c)) {
-			verbs_ep_fail(e, -EPROTO, "write for an unknown advert");
-		}
-		return; /* an older epoch's write: its chunk is replayed */
+	rc = !vl->ids ? -ENOENT :
+			verbs_write_hdr(vl->ids, 0, &vl->rrec, imm, rh_core_conn_chunk(c),
+					rh_core_conn_id(c), &h, &adv);
+	if (rc == -ENOENT) {
+		WARN("verbs: queue pair %u: a write names advert %u, which is not outstanding",
+		     e->qp ? e->qp->qp_num : 0, adv);
+		verbs_ep_fail(e, -EPROTO, "write for no outstanding advert");
+		return;
 	}
-	if (ofi_rrec_hdr(imm_layout(), r, &im, rh_core_conn_chunk(c), rh_core_conn_epoch(c),
-			 rh_core_conn_id(c), &h) < 0) {
+	if (rc < 0) {
+		WARN("verbs: queue pair %u: a write against advert %u lies outside it",
+		     e->qp ? e->qp->qp_num : 0, adv);
 		verbs_ep_fail(e, -EPROTO, "write outside its advert");
 		return;
 	}
-	deliver(e, &h, r->buf + h.off);
+	deliver(e, &h, vl->rrec.e[h.seq % RH_RING][h.slot].buf + h.off);
+}
+
+/* Receiver: the record's advert id is free again (its next request is the sender's RETIRE,
+ * proto.h). */
+static void rrec_retire(struct vb_lane *vl, uint64_t seq, int slot)
+{
+	uint16_t *id = &vl->rrec_id[seq % RH_RING][slot];
+
+	if (*id && vl->ids) {
+		verbs_adv_retire(vl->ids, (uint32_t)(*id - 1), 0);
+		*id = 0;
+	}
 }
 
 void verbs_on_data0(struct vb_ep *e, const uint8_t *b, size_t len)
@@ -115,7 +122,7 @@ static bool gate_open(struct rh_conn *c, uint32_t min_epoch, struct vb_ep **bloc
 bool verbs_answer_adv(struct vb_ep *e, struct ofi_rrec *r, int slot, uint64_t now)
 {
 	static uint64_t placed[OFI_ADV_WORDS_MAX]; /* I/O thread only */
-	static uint8_t body[OFI_ADV_LEN + 8 * OFI_ADV_WORDS_MAX];
+	static uint8_t body[VERBS_ADV_ID_LEN + OFI_ADV_LEN + 8 * OFI_ADV_WORDS_MAX];
 	struct rh_conn *c = e->conn;
 	struct ofi_adv_msg a = { .seq = r->seq, .slot = (uint8_t)slot, .epoch = r->epoch };
 	uint32_t min_epoch = rh_core_conn_rx_min_epoch(c), lkey, rkey;
@@ -123,7 +130,7 @@ bool verbs_answer_adv(struct vb_ep *e, struct ofi_rrec *r, int slot, uint64_t no
 	struct vb_ep *blocker;
 	char *buf = NULL;
 	uint64_t size = 0;
-	int rc, len;
+	int rc, len, id = -1;
 
 	if (r->epoch >= min_epoch && !gate_open(c, min_epoch, &blocker)) {
 		if (blocker && !atomic_load(&blocker->fenced) &&
@@ -155,11 +162,29 @@ bool verbs_answer_adv(struct vb_ep *e, struct ofi_rrec *r, int slot, uint64_t no
 		r->buf = buf;
 		r->size = size;
 	}
-	len = ofi_adv_put(&a, placed, body, sizeof(body));
-	if (len < 0 || verbs_send_msg(e, OFI_M_ADV, body, (size_t)len) < 0) {
+	if (a.status == OFI_ADV_OK && !vl->ids) {
+		vl->ids = calloc(1, sizeof(*vl->ids));
+		if (!vl->ids) {
+			verbs_ep_fail(e, -ENOMEM, "no memory for the advert ids");
+			return true;
+		}
+	}
+	if (a.status == OFI_ADV_OK) {
+		id = verbs_adv_alloc(vl->ids, 0, r->seq, slot, r->epoch, VERBS_ADV_WANT_ANY);
+		if (id < 0) {
+			return false; /* every id is live (more than the records): later */
+		}
+	}
+	verbs_adv_id_put(id < 0 ? 0 : (uint32_t)id, body);
+	len = ofi_adv_put(&a, placed, body + VERBS_ADV_ID_LEN, sizeof(body) - VERBS_ADV_ID_LEN);
+	if (len < 0 || verbs_send_msg(e, OFI_M_ADV, body, (size_t)len + VERBS_ADV_ID_LEN) < 0) {
+		if (id >= 0) {
+			verbs_adv_retire(vl->ids, (uint32_t)id, 0);
+		}
 		return false; /* no send slot: later */
 	}
 	if (a.status == OFI_ADV_OK) {
+		vl->rrec_id[r->seq % RH_RING][slot] = (uint16_t)(id + 1);
 		r->state = OFI_RREC_ADVERTISED;
 		vl->adv_given = true;
 		if (r->epoch > vl->max_adv_epoch) {
@@ -188,6 +213,7 @@ void verbs_on_adv_req(struct vb_ep *e, const uint8_t *b, size_t len)
 	if (r->state == OFI_RREC_PENDING) {
 		vl->npending--;
 	}
+	rrec_retire(vl, q.seq, q.slot);
 	memset(r, 0, sizeof(*r));
 	r->seq = q.seq;
 	r->epoch = q.epoch;
@@ -205,14 +231,19 @@ void verbs_on_adv(struct vb_ep *e, const uint8_t *b, size_t len)
 	static uint64_t placed[OFI_ADV_WORDS_MAX]; /* I/O thread only */
 	struct vb_lane *vl = e->lane ? e->lane->tp : NULL;
 	struct ofi_adv_msg a;
+	uint32_t id;
 
-	if (!vl || ofi_adv_get(b, len, &a, placed, OFI_ADV_WORDS_MAX) < 0) {
+	if (!vl || verbs_adv_id_get(b, len, &id) < 0 ||
+	    ofi_adv_get(b + VERBS_ADV_ID_LEN, len - VERBS_ADV_ID_LEN, &a, placed,
+			OFI_ADV_WORDS_MAX) < 0 ||
+	    a.slot >= RH_MAX_RECVS) {
 		verbs_ep_fail(e, -EPROTO, "malformed ADV");
 		return;
 	}
 	if (!ofi_adv_store(&vl->adv, &a, placed)) {
 		return;
 	}
+	vl->adv_id[a.seq % RH_RING][a.slot] = a.status == OFI_ADV_OK ? (uint16_t)(id + 1) : 0;
 	if (a.status != OFI_ADV_OK) {
 		/* the receive is complete or a resume has passed: chunks waiting for it go */
 		for (int i = 0; i < VB_NWR; i++) {
@@ -232,19 +263,17 @@ static int post_write(struct vb_ep *e, struct vb_lane *vl, int i)
 {
 	struct vb_wr *w = &e->wr[i];
 	struct rh_conn *c = e->conn;
-	struct ofi_imm im = { .seq = w->h.seq,
-			      .slot = w->h.slot,
-			      .chunk = w->h.off / rh_core_conn_chunk(c),
-			      .epoch = w->h.epoch };
-	uint64_t raddr, key, imm;
-	uint32_t lkey, rkey;
+	uint16_t id = vl->adv_id[w->h.seq % RH_RING][w->h.slot];
+	uint64_t raddr, key;
+	uint32_t lkey, rkey, imm;
 	struct ibv_sge sge;
 	struct ibv_send_wr wr, *bad;
 	int err;
 
 	err = ofi_adv_target(&vl->adv, w->h.seq, w->h.slot, w->h.off, w->h.len, &raddr, &key);
 	if (err == 0) {
-		err = ofi_imm_encode(imm_layout(), &im, &imm);
+		err = id ? verbs_imm_encode(id - 1u, w->h.off / rh_core_conn_chunk(c), &imm) :
+			   -EPROTO;
 	}
 	if (err == 0) {
 		err = verbs_dev_mr(e->d, w->payload - w->h.off, w->h.total, &lkey, &rkey);
@@ -261,7 +290,7 @@ static int post_write(struct vb_ep *e, struct vb_lane *vl, int i)
 	wr.num_sge = 1;
 	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.imm_data = htonl((uint32_t)imm);
+	wr.imm_data = htonl(imm);
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = (uint32_t)key;
 	err = ibv_post_send(e->qp, &wr, &bad);

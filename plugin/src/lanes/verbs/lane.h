@@ -17,9 +17,13 @@
  * may send (a send to a queue pair that is not yet RTR would wait for a full retry timeout).
  * Probes are the same hello exchange without a queue pair.
  *
- * Adverts, the fence and the immediate follow the ofi lane (lanes/ofi/fence.c, its THE FENCE
- * comment; the pure tables of lanes/ofi/proto.c are shared): the immediate is the ofi lane's
- * narrow 32-bit layout (seq, slot, chunk, epoch, the truncated fields expanded on receipt).
+ * Adverts and the fence follow the ofi lane (lanes/ofi/fence.c, its THE FENCE comment; the
+ * pure tables of lanes/ofi/proto.c are shared). The immediate does not: it names the advert
+ * (a 12-bit id the receiver gave it, carried in the ADV) and the chunk (20 bits), and the
+ * receiver takes seq, slot and epoch whole from its table of ids (proto.h), so a write still
+ * in flight across any number of resumes resolves to the advert it was posted against; an
+ * immediate that names no live advert of the lane fails the lane (-EPROTO), it is never
+ * placed by a guess.
  * Rule 1 here: a fenced lane's queue pair is moved to the error state and destroyed before
  * anything else the I/O thread does; once ibv_destroy_qp returns the device places and reads
  * nothing more for it.
@@ -126,7 +130,12 @@ struct vb_lane {
 	uint32_t max_adv_epoch;
 	uint64_t stall_mark, stall_since_ms;
 	struct ofi_adv_table adv; /* sender: adverts received */
+	uint16_t adv_id[RH_RING][RH_MAX_RECVS]; /* sender: their advert ids + 1 (0: none) */
 	struct ofi_rrec_table rrec; /* receiver: adverts given */
+	uint16_t rrec_id[RH_RING][RH_MAX_RECVS]; /* receiver: their advert ids + 1 (0: none) */
+	/* receiver: the ids of the adverts given (proto.h); allocated with the first advert (a
+	 * sending lane needs none), freed with the lane */
+	struct verbs_adv_ids *ids;
 };
 
 struct vb_ep {
@@ -179,6 +188,9 @@ struct vb_ep *verbs_ep_new(enum vb_kind kind, int nic);
 void verbs_ep_push(struct vb_ep *e);
 int verbs_ep_qp(struct vb_ep *e); /* CQ, QP (INIT), arena, receives posted */
 void verbs_ep_start(struct vb_ep *e);
+/* RTR/RTS towards the queue pair address in the peer's authenticated hello, refused (-EPROTO,
+ * -EADDRNOTAVAIL, the queue pair left in INIT) unless it is the peer NIC's at peer_ip. */
+int verbs_ep_connect_peer(struct vb_ep *e, const struct rh_hello *peer, uint32_t peer_ip);
 void verbs_ep_accept(int nic, int fd);
 void verbs_ep_hs_io(struct vb_ep *e); /* the handshake socket is ready */
 void verbs_ep_close(struct vb_ep *e);

@@ -7,6 +7,18 @@
 
 #include "proto.h"
 
+static void put32(uint8_t *b, uint32_t v)
+{
+	for (int i = 0; i < 4; i++) {
+		b[i] = (uint8_t)(v >> (8 * i));
+	}
+}
+
+static uint32_t get32(const uint8_t *b)
+{
+	return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
 int verbs_imm_encode(uint32_t adv, uint64_t chunk, uint32_t *imm)
 {
 	if (adv >= VERBS_NADV || chunk > VERBS_IMM_CHUNK_MAX) {
@@ -112,16 +124,47 @@ uint32_t verbs_adv_lane_fenced(struct verbs_adv_ids *t, uint32_t lane_id)
 	return n;
 }
 
-static void put32(uint8_t *b, uint32_t v)
+void verbs_adv_id_put(uint32_t id, uint8_t *b)
 {
-	for (int i = 0; i < 4; i++) {
-		b[i] = (uint8_t)(v >> (8 * i));
-	}
+	put32(b, id);
 }
 
-static uint32_t get32(const uint8_t *b)
+int verbs_adv_id_get(const uint8_t *b, size_t len, uint32_t *id)
 {
-	return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+	if (len < VERBS_ADV_ID_LEN) {
+		return -EPROTO;
+	}
+	*id = get32(b);
+	return *id < VERBS_NADV ? 0 : -EPROTO;
+}
+
+int verbs_write_hdr(struct verbs_adv_ids *t, uint32_t lane_id, const struct ofi_rrec_table *rr,
+		    uint32_t imm, uint64_t chunk_size, uint64_t conn_id, struct rh_hdr *h,
+		    uint32_t *adv)
+{
+	const struct verbs_advid *a;
+	const struct ofi_rrec *r;
+	struct ofi_imm im;
+	uint32_t chunk;
+
+	verbs_imm_decode(imm, adv, &chunk);
+	a = verbs_adv_find(t, *adv, lane_id);
+	if (!a) {
+		return -ENOENT;
+	}
+	if (a->slot < 0 || a->slot >= RH_MAX_RECVS) {
+		return -EPROTO;
+	}
+	r = &rr->e[a->seq % RH_RING][a->slot];
+	if (r->state != OFI_RREC_ADVERTISED || r->seq != a->seq || r->epoch != a->epoch) {
+		return -EPROTO;
+	}
+	/* the wide layout's expansion of the whole epoch against itself returns it unchanged:
+	 * ofi_rrec_hdr cuts the chunk and bounds it by the record's buffer */
+	im = (struct ofi_imm){
+		.seq = a->seq, .slot = (uint32_t)a->slot, .chunk = chunk, .epoch = a->epoch
+	};
+	return ofi_rrec_hdr(&ofi_imm_wide, r, &im, chunk_size, a->epoch, conn_id, h);
 }
 
 void verbs_qp_info_put(const struct verbs_qp_info *q, uint8_t *b)
@@ -146,6 +189,33 @@ int verbs_qp_info_get(const uint8_t *b, size_t len, struct verbs_qp_info *q)
 		return -EPROTO;
 	}
 	return 0;
+}
+
+void verbs_gid_of_ipv4(uint32_t ip, uint8_t gid[16])
+{
+	memset(gid, 0, 16);
+	gid[10] = 0xff;
+	gid[11] = 0xff;
+	memcpy(gid + 12, &ip, 4);
+}
+
+int verbs_peer_qp_info(const uint8_t *tp, size_t tp_len, uint32_t peer_ip, struct verbs_qp_info *q)
+{
+	uint8_t want[16];
+	int rc;
+
+	if (tp_len != VERBS_QP_INFO_LEN) {
+		return -EPROTO;
+	}
+	rc = verbs_qp_info_get(tp, tp_len, q);
+	if (rc < 0) {
+		return rc;
+	}
+	if (q->qpn < 2) {
+		return -EPROTO;
+	}
+	verbs_gid_of_ipv4(peer_ip, want);
+	return memcmp(q->gid, want, 16) ? -EADDRNOTAVAIL : 0;
 }
 
 struct verbs_verdict verbs_wc_verdict(int status)

@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../ofi/proto.h"
+
 #define VERBS_IMM_ADV_BITS 12
 #define VERBS_IMM_CHUNK_BITS 20 /* 2^20 chunks: 128 GiB messages at 128 KiB chunks */
 #define VERBS_NADV (1u << VERBS_IMM_ADV_BITS)
@@ -75,6 +77,33 @@ bool verbs_adv_retire(struct verbs_adv_ids *t, uint32_t adv, uint32_t lane_id);
  * many. */
 uint32_t verbs_adv_lane_fenced(struct verbs_adv_ids *t, uint32_t lane_id);
 
+/* --- the lane's use of the ids (fence.c) ---
+ *
+ * The receiver keeps one id table per lane (lane_id 0: a lane has one queue pair) next to the
+ * ofi advert records of lanes/ofi/proto.h, and frees an id by (b): the sender's next ADV_REQ
+ * for the same record (seq % RH_RING, slot) is its RETIRE, since the sender stops writing
+ * against an advert before it asks for that record's next one and RC delivers the request
+ * after every write posted before it; and by (c): the table goes with the lane, after its
+ * queue pair was destroyed. Chunks of one message may go over several lanes, so the count of
+ * (a) is not known to the receiver and the lane gives want = VERBS_ADV_WANT_ANY. */
+#define VERBS_ADV_WANT_ANY UINT64_MAX
+
+/* An ADV carries its id ahead of the ofi advert body (lanes/ofi/proto.h). */
+#define VERBS_ADV_ID_LEN 4
+void verbs_adv_id_put(uint32_t id, uint8_t *b);
+/* -EPROTO when short or the id is outside the table. */
+int verbs_adv_id_get(const uint8_t *b, size_t len, uint32_t *id);
+
+/* The DATA frame header of a completed write with immediate imm on lane_id: the advert the id
+ * names must be live on that lane and its record (rr, indexed by the advert's full seq and
+ * slot) must still hold it; seq and epoch come whole from the advert, nothing is expanded, so
+ * no number of resumes while the write was in flight can alias it. -ENOENT when the id names
+ * no live advert of the lane, -EPROTO when the record does not hold it or the chunk lies
+ * outside the message or the buffer. *adv is set to the id either way. */
+int verbs_write_hdr(struct verbs_adv_ids *t, uint32_t lane_id, const struct ofi_rrec_table *rr,
+		    uint32_t imm, uint64_t chunk_size, uint64_t conn_id, struct rh_hdr *h,
+		    uint32_t *adv);
+
 /* --- the queue pair's address, inside the lane's hello --- */
 
 struct verbs_qp_info {
@@ -88,6 +117,15 @@ struct verbs_qp_info {
 void verbs_qp_info_put(const struct verbs_qp_info *q, uint8_t *b);
 /* -EPROTO when short, qpn or psn above 24 bits, or mtu outside 1..5 (256..4096 bytes). */
 int verbs_qp_info_get(const uint8_t *b, size_t len, struct verbs_qp_info *q);
+/* The peer's queue pair address from the transport bytes of its authenticated hello, before
+ * any queue pair is moved towards it: exactly VERBS_QP_INFO_LEN bytes (-EPROTO when truncated
+ * or longer), a valid verbs_qp_info whose qpn is not one of the special queue pairs 0 and 1
+ * (-EPROTO), and a GID that is the RoCE v2 IPv4-mapped GID of peer_ip (network order: the
+ * address of the peer NIC the handshake connected to or came from), -EADDRNOTAVAIL otherwise
+ * (a GID of another NIC or host would send the writes there). */
+int verbs_peer_qp_info(const uint8_t *tp, size_t tp_len, uint32_t peer_ip, struct verbs_qp_info *q);
+/* The IPv4-mapped GID (::ffff:a.b.c.d) of ip (network order). */
+void verbs_gid_of_ipv4(uint32_t ip, uint8_t gid[16]);
 
 /* --- failure signals --- */
 
