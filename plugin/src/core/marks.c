@@ -57,6 +57,32 @@ void rh_marks_report_move(struct rh_conn *c, const char *reached)
 	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
 }
 
+void rh_marks_decision(struct rh_conn *c, struct rh_lane *l, uint64_t cpu_ns)
+{
+	uint64_t now = rh_now_ns();
+
+	RH_PROBE5(move_decision, c->id, l->id, l->standby, now - c->fo.t_detect_ns, cpu_ns);
+	INFO("conn %016llx (%s): move decision: lane %u %s -> peer NIC %d (%s), %.3f ms after "
+	     "detection, %.1f us of CPU",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, l->standby ? "warm standby" : "new lane",
+	     (now - c->fo.t_detect_ns) / 1e6, cpu_ns / 1e3);
+}
+
+void rh_marks_first_post(struct rh_conn *c, struct rh_lane *l, bool is_data)
+{
+	uint64_t now = rh_now_ns();
+
+	l->await_post = false;
+	RH_PROBE5(move_first_post, c->id, l->id, l->standby, now - c->fo.t_detect_ns,
+		  now - l->t_decide_ns);
+	INFO("conn %016llx (%s): move first post: lane %u (%s) %s, %.3f ms after detection, "
+	     "%.3f ms after the decision",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     l->standby ? "warm standby" : "new lane", is_data ? "data" : "control",
+	     (now - c->fo.t_detect_ns) / 1e6, (now - l->t_decide_ns) / 1e6);
+}
+
 void rh_marks_first_completion(struct rh_conn *c)
 {
 	if (c->fo.report_pending) {
