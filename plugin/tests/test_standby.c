@@ -280,6 +280,7 @@ static void test_standby_failure_is_no_move(void)
 	struct rh_conn *c = conn_with_standby(&p, &sb);
 	uint64_t now, next;
 	int opens0 = tp.opens, slnic, srnic;
+	uint32_t sb_id;
 
 	EXPECT(c && p && sb);
 	if (!c || !sb) {
@@ -287,13 +288,22 @@ static void test_standby_failure_is_no_move(void)
 	}
 	slnic = sb->lnic;
 	srnic = sb->rnic;
+	sb_id = sb->id;
 	rh_core_lane_error(sb, -EIO);
 	pthread_mutex_lock(&c->mu);
 	now = rh_now_ms();
 	EXPECT_EQ(sb->state, RH_LANE_DEAD);
 	EXPECT(!c->fo.active);
 	EXPECT(!c->await_resume);
-	EXPECT_EQ(c->ctrl_len, 0u); /* no FAILREQ */
+	/* no FAILREQ: the one control frame is the BYE that drops the peer's end of it */
+	EXPECT_EQ(c->ctrl_len, (size_t)RH_HDR_LEN);
+	if (c->ctrl_len == RH_HDR_LEN) {
+		struct rh_hdr h;
+
+		rh_hdr_get(c->ctrl, &h);
+		EXPECT_EQ(h.type, RH_F_BYE);
+		EXPECT_EQ(h.aux, sb_id);
+	}
 	EXPECT_EQ(p->state, RH_LANE_ACTIVE);
 	EXPECT(!c->fo.primary_lost);
 	EXPECT(c->fo.bad_until_ms[sb->lnic][sb->rnic] > now); /* its pair held off */

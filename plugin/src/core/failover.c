@@ -175,6 +175,7 @@ static void standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const 
 {
 	int b = c->fo.standby_backoff_ms ? 2 * c->fo.standby_backoff_ms :
 					   (int)rh_param.FAILBACK_INTERVAL;
+	bool was_standby = l->state == RH_LANE_STANDBY;
 
 	if (!c->err && !atomic_load(&c->closed)) {
 		/* evidence for the agent, as any lane's failure */
@@ -191,6 +192,13 @@ static void standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const 
 	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d dropped: %s (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
+	if (l->opener && was_standby) {
+		/* the acceptor drops its end too: a lane whose NIC went down may never see the
+		 * close, and an idle standby has nothing else that would fail it */
+		struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
+
+		rh_conn_queue_ctrl(c, &bye, NULL, 0);
+	}
 	if (err != -ECONNRESET && err != -EPIPE && err != -ESTALE) {
 		c->fo.bad_until_ms[l->lnic][l->rnic] = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 	}
