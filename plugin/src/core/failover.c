@@ -366,6 +366,9 @@ void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l)
 {
 	(void)l;
 	c->fo.standby_backoff_ms = 0;
+	if (c->err || atomic_load(&c->closed)) {
+		return;
+	}
 	if (c->fo.active ||
 	    (c->ready && !rh_fo_primary_alive(c) && count_state(c, RH_LANE_ACTIVE) == 0)) {
 		/* came up during a move: it carries now */
