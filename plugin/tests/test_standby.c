@@ -204,6 +204,7 @@ static void test_move_promotes_standby(void)
 	struct rh_tx tx;
 	struct rh_hdr h;
 	int opens0 = tp.opens;
+	size_t len0;
 
 	EXPECT(c && p && sb);
 	if (!c || !sb) {
@@ -217,6 +218,10 @@ static void test_move_promotes_standby(void)
 	EXPECT(sb->await_post);
 	EXPECT_EQ(tp.opens, opens0); /* no transport open: BACKUP_LANES is 1 and it is there */
 	EXPECT(c->ctrl_len > 0); /* the FAILREQ is queued on it */
+	len0 = c->ctrl_len;
+	/* not taken by the transport yet: no second FAILREQ piles up behind it, however late */
+	rh_fo_tick(c, rh_now_ms() + 1000);
+	EXPECT_EQ(c->ctrl_len, len0);
 	pthread_mutex_unlock(&c->mu);
 	/* the first frame the standby hands out is the FAILREQ, the move's first post */
 	EXPECT_EQ(rh_core_next_tx(sb, 0, buf, sizeof(buf), &tx), 1);
@@ -228,6 +233,9 @@ static void test_move_promotes_standby(void)
 	pthread_mutex_lock(&c->mu);
 	rh_fo_tick(c, rh_now_ms()); /* the move goes on: still no new lane, no standby yet */
 	EXPECT_EQ(tp.opens, opens0);
+	EXPECT_EQ(c->ctrl_len, 0u);
+	rh_fo_tick(c, rh_now_ms() + 1000); /* sent, unanswered: sent again */
+	EXPECT(c->ctrl_len > 0);
 	pthread_mutex_unlock(&c->mu);
 	drop_conn(c);
 }

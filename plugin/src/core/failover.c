@@ -987,8 +987,13 @@ static void tick_move(struct rh_conn *c, uint64_t now)
 	if (!c->fo.active) {
 		return;
 	}
-	if (c->is_send && c->await_resume && !c->fo.notify && now - c->fo.t_last_failreq_ms > 300) {
-		c->fo.notify = true; /* the FAILREQ or its answer may have been lost */
+	/* The FAILREQ or its answer may have been lost: sent again, but only once the last one
+	 * left the control queue. A control lane whose transport is slow to take it (a verbs I/O
+	 * thread fencing queue pairs for 3 s under emulation) piled up ten, each answered by a
+	 * RESUME and a full replay (bench/vm_switchover.py, a promoted standby). */
+	if (c->is_send && c->await_resume && !c->fo.notify && c->ctrl_len == 0 &&
+	    now - c->fo.t_last_failreq_ms > 300) {
+		c->fo.notify = true;
 	}
 	open_backups(c);
 	send_notify(c);
