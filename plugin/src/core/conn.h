@@ -295,8 +295,18 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 /* A warm standby lane finished its handshake (STANDBY): a move in progress promotes it. */
 void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+
+/* standby.c: warm standby lanes (RAILHOP_STANDBY_LANES) */
+/* A move: promote up to max eligible standby lanes (STANDBY, local NIC up, pair not held off)
+ * to ACTIVE, the control lane re-picked; returns how many. */
+int rh_standby_promote(struct rh_conn *c, int max, uint64_t now); /* locked */
 /* The peer sent a frame on standby lane l: it promoted the lane, so this side does too. */
-void rh_fo_standby_promote(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
+void rh_standby_peer_sent(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
+/* Standby lane l failed (idle, or while opening): dropped, no move; the peer told (BYE). */
+void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why,
+		       uint64_t now); /* locked */
+/* The ticker's phase (sender, outside a move): open standbys up to STANDBY_LANES. */
+void rh_standby_tick(struct rh_conn *c, uint64_t now); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Connector: opens the founding lane; a transient error (address resolution in progress, no
@@ -336,6 +346,9 @@ struct rh_pair;
 int rh_backup_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
 int rh_backup_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad); /* locked */
 int rh_backup_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max); /* locked */
+/* A lane on backup pair p, added (not opened): the streams of its weight, its plan share. */
+struct rh_lane *rh_backup_add_lane(struct rh_conn *c, const struct rh_pair *p,
+				   bool standby); /* locked */
 
 /* marks.c: the timing marks of a move */
 /* A move starts: its detection here or the peer's word; l is the lane it leaves (or NULL). */
@@ -345,6 +358,8 @@ void rh_marks_moved(struct rh_conn *c, uint64_t bytes_replayed); /* locked */
 /* The move's one WARN line: the pair that failed, why, where the traffic went, and the time
  * from detection to what `reached` names. */
 void rh_marks_report_move(struct rh_conn *c, const char *reached); /* locked */
+/* The calling thread's CPU time, ns (what a decision costs the thread that makes it). */
+uint64_t rh_marks_cpu_ns(void);
 /* A move chose lane l (promoted a standby, or opened it): the decision mark; cpu_ns: the
  * deciding thread's CPU time spent choosing and readying it. */
 void rh_marks_decision(struct rh_conn *c, struct rh_lane *l, uint64_t cpu_ns); /* locked */

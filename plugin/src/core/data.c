@@ -471,7 +471,7 @@ void *rh_core_rx_data(struct rh_lane *l, const struct rh_hdr *h, bool *counted)
 		goto out;
 	}
 	if (l->state == RH_LANE_STANDBY) {
-		rh_fo_standby_promote(c, l, "the peer sent data on it");
+		rh_standby_peer_sent(c, l, "the peer sent data on it");
 	}
 	why = check_data(c, h, &q);
 	if (why) {
@@ -527,7 +527,7 @@ int rh_core_rx_buffer(struct rh_lane *l, uint64_t seq, int slot, uint32_t epoch,
 		goto out;
 	}
 	if (l->state == RH_LANE_STANDBY) {
-		rh_fo_standby_promote(c, l, "the peer asked for an advert on it");
+		rh_standby_peer_sent(c, l, "the peer asked for an advert on it");
 	}
 	if (epoch < c->rx_min_epoch) {
 		rc = -ESTALE;
@@ -749,7 +749,7 @@ void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p
 	}
 	if (l->state == RH_LANE_STANDBY) {
 		/* the peer promoted it (a control frame goes on its control lane only) */
-		rh_fo_standby_promote(c, l, "the peer sent a control frame on it");
+		rh_standby_peer_sent(c, l, "the peer sent a control frame on it");
 	}
 	switch (h->type) {
 	case RH_F_CTS: {

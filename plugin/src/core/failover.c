@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../log.h"
@@ -92,146 +91,6 @@ int rh_fo_reactivate_retired(struct rh_conn *c)
 	return n;
 }
 
-static void send_notify(struct rh_conn *c);
-
-/* --- warm standby lanes (RAILHOP_STANDBY_LANES) ---
- * The sender side keeps STANDBY_LANES extra lanes handshaken on its top backup pairs (the
- * agent's plan, else the core's ranking: never a NIC known down, a pair in use or one that
- * failed recently, never the original pair). They carry nothing (the scheduler and the control
- * lane skip STANDBY), so a move promotes one and its first frame (the FAILREQ, then the
- * replay) goes out without any set-up. Both sides agree through the hello's
- * RH_HELLO_F_STANDBY; each side promotes on its own move, or when the peer sends on the lane.
- * A standby's own failure drops it (no move) and its replacement waits a backoff. */
-
-/* The deciding thread's CPU time (what choosing and readying a lane costs this thread). */
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0) {
-		return 0;
-	}
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static bool standby_eligible(struct rh_conn *c, struct rh_lane *l, uint64_t now)
-{
-	return l->state == RH_LANE_STANDBY && l->tp && rh_nic_is_up(l->lnic) &&
-	       c->fo.bad_until_ms[l->lnic][l->rnic] <= now;
-}
-
-static void standby_promote(struct rh_conn *c, struct rh_lane *l, const char *why, uint64_t now)
-{
-	l->state = RH_LANE_ACTIVE;
-	l->t_progress_ms = 0;
-	RH_PROBE4(standby_promoted, c->id, l->id, l->lnic, l->rnic);
-	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d promoted (%s)",
-	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
-	     rh_g.nics[l->lnic].ifname, l->rnic, why);
-	/* its replacement opens once the move is over, not before the next interval */
-	c->fo.t_standby_next_ms = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
-}
-
-/* A move: promote up to max eligible standby lanes; returns how many. */
-static int promote_standbys(struct rh_conn *c, int max, uint64_t now)
-{
-	int n = 0;
-
-	for (int i = 0; i < c->nlanes && n < max; i++) {
-		struct rh_lane *l = c->lanes[i];
-		uint64_t cpu0;
-
-		if (!standby_eligible(c, l, now)) {
-			continue;
-		}
-		cpu0 = thread_cpu_ns();
-		l->await_post = true;
-		l->t_decide_ns = rh_now_ns();
-		standby_promote(c, l, "a move", now);
-		rh_marks_decision(c, l, thread_cpu_ns() - cpu0);
-		n++;
-	}
-	if (n) {
-		rh_conn_pick_ctrl_lane(c);
-		rh_conn_kick_data(c);
-	}
-	return n;
-}
-
-void rh_fo_standby_promote(struct rh_conn *c, struct rh_lane *l, const char *why)
-{
-	if (l->state != RH_LANE_STANDBY || c->err || atomic_load(&c->closed)) {
-		return;
-	}
-	standby_promote(c, l, why, rh_now_ms());
-	rh_fo_lane_up(c, l);
-}
-
-/* A standby lane failed (while opening or idle): dropped, not a move; its pair is held off
- * like any failed pair and the next standby waits a backoff (doubling while they keep
- * failing, up to FAILBACK_MAX_BACKOFF). */
-static void standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why,
-			   uint64_t now)
-{
-	int b = c->fo.standby_backoff_ms ? 2 * c->fo.standby_backoff_ms :
-					   (int)rh_param.FAILBACK_INTERVAL;
-	bool was_standby = l->state == RH_LANE_STANDBY;
-
-	if (!c->err && !atomic_load(&c->closed)) {
-		/* evidence for the agent, as any lane's failure */
-		rh_conn_lane_event(c, l,
-				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
-									 RH_EVT_LANE_ERROR,
-				   err, 0, 0);
-	}
-	rh_conn_fence_lane(c, l);
-	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
-	if (c->err || atomic_load(&c->closed)) {
-		return;
-	}
-	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d dropped: %s (%s)",
-	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
-	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
-	if (l->opener && was_standby) {
-		/* the acceptor drops its end too: a lane whose NIC went down may never see the
-		 * close, and an idle standby has nothing else that would fail it */
-		struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
-
-		rh_conn_queue_ctrl(c, &bye, NULL, 0);
-	}
-	if (err != -ECONNRESET && err != -EPIPE && err != -ESTALE) {
-		c->fo.bad_until_ms[l->lnic][l->rnic] = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
-	}
-	if (b > (int)rh_param.FAILBACK_MAX_BACKOFF) {
-		b = (int)rh_param.FAILBACK_MAX_BACKOFF;
-	}
-	c->fo.standby_backoff_ms = b;
-	c->fo.t_standby_next_ms = now + (uint64_t)b;
-}
-
-/* A lane on backup pair p (not opened yet): the streams of its weight, its plan share. A
- * standby is sized as the backup lane a move would open there, so a promotion loses nothing. */
-static struct rh_lane *add_backup_lane(struct rh_conn *c, const struct rh_pair *p, bool standby)
-{
-	int ns = (int)rh_param.BACKUP_STREAMS * p->weight / 4;
-	struct rh_lane *l;
-
-	if (ns < 1) {
-		ns = 1;
-	}
-	l = rh_conn_add_lane(c, c->next_lane_id, p->local, p->remote, ns, true);
-	if (!l) {
-		return NULL;
-	}
-	c->next_lane_id += 2;
-	l->standby = standby;
-	l->weight = p->weight;
-	l->share = p->share;
-	l->share_bytes = 0;
-	l->share_wait = false;
-	return l;
-}
-
 /* Open backup lanes so the moved traffic spreads over the best healthy pairs. */
 static void open_backups(struct rh_conn *c)
 {
@@ -260,7 +119,7 @@ static void open_backups(struct rh_conn *c)
 	want = (int)rh_param.BACKUP_LANES;
 	if (have < want || have == 0) {
 		/* warm standbys first: their first frame needs no set-up */
-		have += promote_standbys(c, (want > have ? want : 1) - have, now);
+		have += rh_standby_promote(c, (want > have ? want : 1) - have, now);
 	}
 	if (have == 0 && c->fo.active) {
 		/* Nothing left: try every candidate pair at once. A failure found by the completion
@@ -298,8 +157,8 @@ static void open_backups(struct rh_conn *c)
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		uint64_t cpu0 = thread_cpu_ns();
-		struct rh_lane *l = add_backup_lane(c, &p[i], false);
+		uint64_t cpu0 = rh_marks_cpu_ns();
+		struct rh_lane *l = rh_backup_add_lane(c, &p[i], false);
 
 		if (!l) {
 			break;
@@ -314,54 +173,13 @@ static void open_backups(struct rh_conn *c)
 				now + (uint64_t)rh_param.FAILBACK_INTERVAL;
 			continue;
 		}
-		rh_marks_decision(c, l, thread_cpu_ns() - cpu0);
+		rh_marks_decision(c, l, rh_marks_cpu_ns() - cpu0);
 	}
 }
 
-/* The sender keeps STANDBY_LANES standby lanes (opening or STANDBY) outside a move, on the
- * pairs a move would take first; a failed or promoted one is replaced after its backoff. */
-static void tick_standby(struct rh_conn *c, uint64_t now)
-{
-	struct rh_pair p[RH_PAR_PROBES];
-	int want = (int)rh_param.STANDBY_LANES, have = 0, n;
+static void send_notify(struct rh_conn *c);
 
-	if (!c->is_send || !c->ready || c->fo.active || want <= 0 ||
-	    now < c->fo.t_standby_next_ms || !c->have_nonces) {
-		return;
-	}
-	for (int i = 0; i < c->nlanes; i++) {
-		struct rh_lane *l = c->lanes[i];
-
-		have += l->standby && (l->state == RH_LANE_STANDBY || l->state == RH_LANE_OPENING);
-	}
-	if (want > RH_PAR_PROBES) {
-		want = RH_PAR_PROBES;
-	}
-	if (have >= want) {
-		return;
-	}
-	/* nothing to open now (no pair left, or the lane table full): look again later */
-	c->fo.t_standby_next_ms = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
-	n = rh_backup_plan_pairs(c, p, want - have);
-	if (n == 0) {
-		n = rh_backup_rank(c, p, want - have, false);
-	}
-	for (int i = 0; i < n; i++) {
-		struct rh_lane *l;
-
-		if (p[i].local == c->lnic_orig && p[i].remote == c->rnic_orig) {
-			continue; /* the original pair is the primary's, never a standby's */
-		}
-		l = add_backup_lane(c, &p[i], true);
-		if (!l) {
-			break;
-		}
-		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, 2 * (int)rh_param.PROBE_TIMEOUT) < 0) {
-			standby_failed(c, l, -EHOSTUNREACH, "cannot open", now);
-		}
-	}
-}
-
+/* A standby came up (handshake.c): during a move it carries at once (open_backups promotes it). */
 void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l)
 {
 	(void)l;
@@ -613,7 +431,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		return;
 	}
 	if (l->state == RH_LANE_STANDBY || (l->standby && was_opening && c->ready)) {
-		standby_failed(c, l, err, why, now);
+		rh_standby_failed(c, l, err, why, now);
 		return;
 	}
 	if (!graceful && !c->err && !atomic_load(&c->closed)) {
@@ -1036,8 +854,8 @@ static void tick_connect_retry(struct rh_conn *c, uint64_t now)
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
 {
 	static void (*const phases[])(struct rh_conn *, uint64_t) = {
-		tick_connect_retry, tick_share_gate, tick_lanes,   tick_no_lane_left,
-		tick_move,	    tick_failback,   tick_standby,
+		tick_connect_retry, tick_share_gate, tick_lanes,      tick_no_lane_left,
+		tick_move,	    tick_failback,   rh_standby_tick,
 	};
 
 	for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {

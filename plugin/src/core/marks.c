@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "../log.h"
 #include "../probes.h"
@@ -55,6 +56,16 @@ void rh_marks_report_move(struct rh_conn *c, const char *reached)
 		     "?",
 	     c->fo.cause_rnic, c->fo.cause[0] ? c->fo.cause : "?", to,
 	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
+}
+
+uint64_t rh_marks_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0) {
+		return 0;
+	}
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void rh_marks_decision(struct rh_conn *c, struct rh_lane *l, uint64_t cpu_ns)
