@@ -169,7 +169,9 @@ def mark_names(
         return ["decide"]
     if "opening lane" in s and "decide" in mk:
         return ["open"]
-    if re.search(r"\(send\): lane \d+ up ", s) and "decide" in mk:
+    if re.search(r"\(send\): standby lane \d+ .* promoted", s) and "decide" in mk:
+        return ["open", "handshake"]  # a warm standby: opened and handshaken before the move
+    if re.search(r"\(send\): lane \d+ up ", s) and "(standby)" not in s and "decide" in mk:
         return ["handshake"]
     if "RESUME applied" in s:
         return ["resume", "decide"]

@@ -53,6 +53,12 @@
 	 * agent, 5 rounds each (bench/resume_breakdown.py): carrier loss at fair share 1.0 s   \
 	 * vs 2.5 s, but a blackhole 4.5 s vs 1.2 s, first completion and stall unchanged. */   \
 	X(BACKUP_STREAMS, int, 4, "TCP streams of a full-weight backup lane")                       \
+	/* Warm standby lanes per connection (0 = off): the sender side keeps this many extra  \
+	 * lanes handshaken on its top backup pairs, carrying nothing, so that a move promotes  \
+	 * one and posts its first frame without any connection set-up (a verbs lane: no queue \
+	 * pair to bring to RTS at the worst moment). 1: the first backup a move would open is  \
+	 * ready; more pairs still open as today (BACKUP_LANES). Each costs a lane's streams.   */    \
+	X(STANDBY_LANES, int, 1, "warm standby lanes per connection, 0 = off")                      \
 	/* Agent rendezvous directory (health table, socket). */                                    \
 	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                      \
 	/* uid the agent runs as when it is not root (0 = root): the health table and the agent   \

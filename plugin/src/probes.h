@@ -7,6 +7,13 @@
  * The marks of a move past failover_start, in order (duration_ns: since failover_start):
  *   replay_queued(conn_id, epoch, nactive, bytes_replayed): sender: the peer's RESUME applied,
  *     every unacknowledged message queued again; receiver: its RESUME record sent
+ *   move_decision(conn_id, lane_id, standby, duration_ns, cpu_ns): a move chose lane_id
+ *     (standby 1: a warm standby promoted, 0: a new lane opened); cpu_ns: the deciding
+ *     thread's CPU time for choosing and readying it (a new lane: its transport's open())
+ *   move_first_post(conn_id, lane_id, standby, duration_ns, since_decision_ns): the first
+ *     frame that lane hands to its transport (a control frame: FAILREQ / RESUME, or data)
+ *   standby_promoted(conn_id, lane_id, lnic, rnic): a warm standby lane carries from now on
+ *     (this side's move, or the peer sent on it)
  *   replay_sent(conn_id, epoch, duration_ns)  sender: the last replayed chunk handed to a lane
  *   replay_acked(conn_id, epoch, duration_ns) sender: every replayed message acknowledged
  *   failover_end(conn_id, epoch, nactive, duration_ns): the first request COMPLETED after the

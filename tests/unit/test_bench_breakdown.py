@@ -114,3 +114,24 @@ def test_standing_host_queue_in_ms(rb: ModuleType) -> None:
     line = rb.tcp_line(r)
     assert "host queue -/7.5 ms, drops 4490" in line
     assert "conn 2 from 690; healthy 221" in line and "RetransSegs=0/1" in line
+
+
+STANDBY_LOG = """\
+[   4.050] agent.c:255 NET/railhop agent_poll: agent marks nic1 down (reason 1)
+[   4.052] failover.c:259 NET/railhop rh_fo_lane_failed: conn 94bd86c7bf5b4e3e (send): lane 0 \
+nic1 -> peer NIC 1 failed: local NIC down (Network is down)
+[   4.053] failover.c:128 NET/railhop standby_promote: conn 94bd86c7bf5b4e3e (send): standby \
+lane 2 nic0 -> peer NIC 0 promoted (a move)
+[   4.068] failover.c:657 NET/railhop rh_fo_on_resume: conn 94bd86c7bf5b4e3e (send): RESUME \
+applied at epoch 2: 0 confirmed, 8 replayed (3932160 bytes) on 1 lanes
+[   5.060] handshake.c:467 NET/railhop rh_core_stream_ready: conn 94bd86c7bf5b4e3e (send): lane 4 \
+up nic2 -> peer NIC 2 (standby)
+"""
+
+
+def test_marks_of_a_move_onto_a_standby(rb: ModuleType) -> None:
+    """A promoted standby was opened and handshaken before the move: both marks at the
+    promotion; its replacement standby coming up later is no handshake of the move."""
+    mk = rb.marks(rb.parse_log(STANDBY_LOG), "nic1", 4.050)
+    assert mk["open"] == pytest.approx(3.0, abs=0.01)
+    assert mk["handshake"] == pytest.approx(3.0, abs=0.01)

@@ -162,3 +162,26 @@ int rh_backup_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max)
 	}
 	return n;
 }
+
+/* A lane on backup pair p (not opened yet): the streams of its weight, its plan share. A
+ * standby is sized as the backup lane a move would open there, so a promotion loses nothing. */
+struct rh_lane *rh_backup_add_lane(struct rh_conn *c, const struct rh_pair *p, bool standby)
+{
+	int ns = (int)rh_param.BACKUP_STREAMS * p->weight / 4;
+	struct rh_lane *l;
+
+	if (ns < 1) {
+		ns = 1;
+	}
+	l = rh_conn_add_lane(c, c->next_lane_id, p->local, p->remote, ns, true);
+	if (!l) {
+		return NULL;
+	}
+	c->next_lane_id += 2;
+	l->standby = standby;
+	l->weight = p->weight;
+	l->share = p->share;
+	l->share_bytes = 0;
+	l->share_wait = false;
+	return l;
+}

@@ -200,14 +200,17 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 	}
 	h.src_nic = (int16_t)l->lnic;
 	h.dst_nic = (int16_t)l->rnic;
+	if (l->standby && kind == RH_HELLO_LANE) {
+		h.flags |= RH_HELLO_F_STANDBY;
+	}
 	rc = rh_conn_sign_hello(c, l, &h);
 	if (rc < 0) {
 		return rc;
 	}
 	l->t_deadline_ms = rh_now_ms() + timeout_ms;
-	INFO("conn %016llx: opening lane %u %s -> peer NIC %d (%d streams, epoch %u)",
-	     (unsigned long long)c->id, l->id, rh_g.nics[l->lnic].ifname, l->rnic, l->nstreams,
-	     c->epoch);
+	INFO("conn %016llx: opening %slane %u %s -> peer NIC %d (%d streams, epoch %u)",
+	     (unsigned long long)c->id, l->standby ? "standby " : "", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, l->nstreams, c->epoch);
 	return l->ops->open(l, &h, c->id, c->epoch, r->ipv4, r->port);
 }
 

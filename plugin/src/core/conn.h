@@ -119,6 +119,10 @@ struct rh_fo {
 	uint64_t t_last_failreq_ms;
 	bool failreq_out; /* sender: FAILREQ sent, no RESUME answering it applied yet */
 	uint64_t t_close_ms; /* closing: force-fence deadline */
+	/* Warm standby lanes (sender side opens them, tick_standby): the next attempt to open
+	 * one, and the backoff after a standby failed (0: none failed since one came up). */
+	uint64_t t_standby_next_ms;
+	int standby_backoff_ms;
 	/* Pairs that failed during this connection (until fail-back heals them). */
 	uint64_t bad_until_ms[RH_MAX_NICS][RH_MAX_NICS];
 };
@@ -289,6 +293,20 @@ void rh_registry_tick(uint64_t now_ms);
 /* failover.c: detection, moves, RESUME, fail-back (the rh_fo_* family lives there alone) */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+/* A warm standby lane finished its handshake (STANDBY): a move in progress promotes it. */
+void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l); /* locked */
+
+/* standby.c: warm standby lanes (RAILHOP_STANDBY_LANES) */
+/* A move: promote up to max eligible standby lanes (STANDBY, local NIC up, pair not held off)
+ * to ACTIVE, the control lane re-picked; returns how many. */
+int rh_standby_promote(struct rh_conn *c, int max, uint64_t now); /* locked */
+/* The peer sent a frame on standby lane l: it promoted the lane, so this side does too. */
+void rh_standby_peer_sent(struct rh_conn *c, struct rh_lane *l, const char *why); /* locked */
+/* Standby lane l failed (idle, or while opening): dropped, no move; the peer told (BYE). */
+void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why,
+		       uint64_t now); /* locked */
+/* The ticker's phase (sender, outside a move): open standbys up to STANDBY_LANES. */
+void rh_standby_tick(struct rh_conn *c, uint64_t now); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Connector: opens the founding lane; a transient error (address resolution in progress, no
@@ -328,6 +346,9 @@ struct rh_pair;
 int rh_backup_initial_pair(struct rh_conn *c, int *lnic, int *rnic); /* locked */
 int rh_backup_rank(struct rh_conn *c, struct rh_pair *out, int max, bool ignore_bad); /* locked */
 int rh_backup_plan_pairs(struct rh_conn *c, struct rh_pair *out, int max); /* locked */
+/* A lane on backup pair p, added (not opened): the streams of its weight, its plan share. */
+struct rh_lane *rh_backup_add_lane(struct rh_conn *c, const struct rh_pair *p,
+				   bool standby); /* locked */
 
 /* marks.c: the timing marks of a move */
 /* A move starts: its detection here or the peer's word; l is the lane it leaves (or NULL). */
@@ -337,6 +358,13 @@ void rh_marks_moved(struct rh_conn *c, uint64_t bytes_replayed); /* locked */
 /* The move's one WARN line: the pair that failed, why, where the traffic went, and the time
  * from detection to what `reached` names. */
 void rh_marks_report_move(struct rh_conn *c, const char *reached); /* locked */
+/* The calling thread's CPU time, ns (what a decision costs the thread that makes it). */
+uint64_t rh_marks_cpu_ns(void);
+/* A move chose lane l (promoted a standby, or opened it): the decision mark; cpu_ns: the
+ * deciding thread's CPU time spent choosing and readying it. */
+void rh_marks_decision(struct rh_conn *c, struct rh_lane *l, uint64_t cpu_ns); /* locked */
+/* The first frame a lane chosen by a move hands to its transport (rh_core_next_tx). */
+void rh_marks_first_post(struct rh_conn *c, struct rh_lane *l, bool is_data); /* locked */
 /* A send request completed: the first one after a move logs the move's WARN line. */
 void rh_marks_first_completion(struct rh_conn *c); /* locked */
 /* A request completed (sender: acknowledged by the receiver; receiver: every byte placed):

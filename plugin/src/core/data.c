@@ -470,6 +470,9 @@ void *rh_core_rx_data(struct rh_lane *l, const struct rh_hdr *h, bool *counted)
 	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
 		goto out;
 	}
+	if (l->state == RH_LANE_STANDBY) {
+		rh_standby_peer_sent(c, l, "the peer sent data on it");
+	}
 	why = check_data(c, h, &q);
 	if (why) {
 		bad_frame(c, l, h, why);
@@ -522,6 +525,9 @@ int rh_core_rx_buffer(struct rh_lane *l, uint64_t seq, int slot, uint32_t epoch,
 	pthread_mutex_lock(&c->mu);
 	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
 		goto out;
+	}
+	if (l->state == RH_LANE_STANDBY) {
+		rh_standby_peer_sent(c, l, "the peer asked for an advert on it");
 	}
 	if (epoch < c->rx_min_epoch) {
 		rc = -ESTALE;
@@ -699,6 +705,9 @@ int rh_core_next_tx(struct rh_lane *l, int stream, uint8_t *ctrl, size_t cap, st
 		break;
 	}
 out:
+	if (rc == 1 && l->await_post) {
+		rh_marks_first_post(c, l, tx->is_data);
+	}
 	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
@@ -737,6 +746,10 @@ void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p
 	if (!rh_epoch_ok(c->epoch, h->epoch)) {
 		bad_frame(c, l, h, "has an epoch out of bounds");
 		goto out;
+	}
+	if (l->state == RH_LANE_STANDBY) {
+		/* the peer promoted it (a control frame goes on its control lane only) */
+		rh_standby_peer_sent(c, l, "the peer sent a control frame on it");
 	}
 	switch (h->type) {
 	case RH_F_CTS: {

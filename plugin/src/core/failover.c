@@ -117,6 +117,10 @@ static void open_backups(struct rh_conn *c)
 		}
 	}
 	want = (int)rh_param.BACKUP_LANES;
+	if (have < want || have == 0) {
+		/* warm standbys first: their first frame needs no set-up */
+		have += rh_standby_promote(c, (want > have ? want : 1) - have, now);
+	}
 	if (have == 0 && c->fo.active) {
 		/* Nothing left: try every candidate pair at once. A failure found by the completion
 		 * timeout has spent most of the escalation budget (timeout + 2 probe timeouts): each
@@ -153,28 +157,41 @@ static void open_backups(struct rh_conn *c)
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		int ns = (int)rh_param.BACKUP_STREAMS * p[i].weight / 4;
-		struct rh_lane *l;
+		uint64_t cpu0 = rh_marks_cpu_ns();
+		struct rh_lane *l = rh_backup_add_lane(c, &p[i], false);
 
-		if (ns < 1) {
-			ns = 1;
-		}
-		l = rh_conn_add_lane(c, c->next_lane_id, p[i].local, p[i].remote, ns, true);
 		if (!l) {
 			break;
 		}
-		c->next_lane_id += 2;
-		l->weight = p[i].weight;
-		l->share = p[i].share;
-		l->share_bytes = 0;
-		l->share_wait = false;
+		l->await_post = true;
+		l->t_decide_ns = rh_now_ns();
 		/* answered by the peer, the handshake keeps the usual deadline (lane_tick_opening) */
 		l->t_answered_deadline_ms = now + 2 * (uint64_t)rh_param.PROBE_TIMEOUT;
 		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, deadline) < 0) {
 			l->state = RH_LANE_DEAD;
 			c->fo.bad_until_ms[p[i].local][p[i].remote] =
 				now + (uint64_t)rh_param.FAILBACK_INTERVAL;
+			continue;
 		}
+		rh_marks_decision(c, l, rh_marks_cpu_ns() - cpu0);
+	}
+}
+
+static void send_notify(struct rh_conn *c);
+
+/* A standby came up (handshake.c): during a move it carries at once (open_backups promotes it). */
+void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l)
+{
+	(void)l;
+	c->fo.standby_backoff_ms = 0;
+	if (c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	if (c->fo.active ||
+	    (c->ready && !rh_fo_primary_alive(c) && count_state(c, RH_LANE_ACTIVE) == 0)) {
+		/* came up during a move: it carries now */
+		open_backups(c);
+		send_notify(c);
 	}
 }
 
@@ -411,6 +428,10 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	int fatal;
 
 	if (l->state == RH_LANE_DEAD) {
+		return;
+	}
+	if (l->state == RH_LANE_STANDBY || (l->standby && was_opening && c->ready)) {
+		rh_standby_failed(c, l, err, why, now);
 		return;
 	}
 	if (!graceful && !c->err && !atomic_load(&c->closed)) {
@@ -765,10 +786,13 @@ static void tick_lanes(struct rh_conn *c, uint64_t now)
  * move (start_move_without_lane). */
 static void tick_no_lane_left(struct rh_conn *c, uint64_t now)
 {
-	if (c->is_send && c->ready && !c->fo.active && unacked_work(c) &&
-	    count_state(c, RH_LANE_ACTIVE) + count_state(c, RH_LANE_OPENING) +
-			    count_state(c, RH_LANE_SUSPECT) ==
-		    0 &&
+	int may_carry = count_state(c, RH_LANE_ACTIVE) + count_state(c, RH_LANE_SUSPECT);
+
+	for (int i = 0; i < c->nlanes; i++) {
+		/* a standby being opened carries nothing until a move promotes it */
+		may_carry += c->lanes[i]->state == RH_LANE_OPENING && !c->lanes[i]->standby;
+	}
+	if (c->is_send && c->ready && !c->fo.active && unacked_work(c) && may_carry == 0 &&
 	    rh_fo_reactivate_retired(c) == 0) {
 		start_move_without_lane(c, now);
 	}
@@ -781,8 +805,13 @@ static void tick_move(struct rh_conn *c, uint64_t now)
 	if (!c->fo.active) {
 		return;
 	}
-	if (c->is_send && c->await_resume && !c->fo.notify && now - c->fo.t_last_failreq_ms > 300) {
-		c->fo.notify = true; /* the FAILREQ or its answer may have been lost */
+	/* The FAILREQ or its answer may have been lost: sent again, but only once the last one
+	 * left the control queue. A control lane whose transport is slow to take it (a verbs I/O
+	 * thread fencing queue pairs for 3 s under emulation) piled up ten, each answered by a
+	 * RESUME and a full replay (bench/vm_switchover.py, a promoted standby). */
+	if (c->is_send && c->await_resume && !c->fo.notify && c->ctrl_len == 0 &&
+	    now - c->fo.t_last_failreq_ms > 300) {
+		c->fo.notify = true;
 	}
 	open_backups(c);
 	send_notify(c);
@@ -825,8 +854,8 @@ static void tick_connect_retry(struct rh_conn *c, uint64_t now)
 void rh_fo_tick(struct rh_conn *c, uint64_t now)
 {
 	static void (*const phases[])(struct rh_conn *, uint64_t) = {
-		tick_connect_retry, tick_share_gate, tick_lanes,
-		tick_no_lane_left,  tick_move,	     tick_failback,
+		tick_connect_retry, tick_share_gate, tick_lanes,      tick_no_lane_left,
+		tick_move,	    tick_failback,   rh_standby_tick,
 	};
 
 	for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {

@@ -351,6 +351,8 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 	} else if (!l) {
 		l = rh_conn_add_lane(c, h->lane_id, h->dst_nic, h->src_nic, h->nstreams, false);
 		if (l) {
+			/* a warm standby: no data lane until a move (or the peer) promotes it */
+			l->standby = h->kind == RH_HELLO_LANE && (h->flags & RH_HELLO_F_STANDBY);
 			peer_lane_mark(c, h->lane_id);
 			listen_rec_update(c);
 			/* Primary means the connection's original pair (our own record, from the
@@ -459,13 +461,17 @@ void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 	if (++l->nready < l->nstreams) {
 		goto out;
 	}
-	l->state = RH_LANE_ACTIVE;
+	l->state = l->standby && c->ready ? RH_LANE_STANDBY : RH_LANE_ACTIVE;
 	RH_PROBE4(lane_up, c->id, l->id, l->lnic, l->rnic);
 	rh_conn_lane_event(c, l, RH_EVT_LANE_UP, 0, 0, 0);
 	INFO("conn %016llx (%s): lane %u up %s -> peer NIC %d%s", (unsigned long long)c->id,
 	     c->is_send ? "send" : "recv", l->id, rh_g.nics[l->lnic].ifname, l->rnic,
-	     l->primary ? " (primary)" : "");
-	if (!c->ready) {
+	     l->primary			 ? " (primary)" :
+	     l->state == RH_LANE_STANDBY ? " (standby)" :
+					   "");
+	if (l->state == RH_LANE_STANDBY) {
+		rh_fo_standby_up(c, l);
+	} else if (!c->ready) {
 		c->ready = true;
 		rh_conn_pick_ctrl_lane(c);
 		push = !c->is_send && c->listen;

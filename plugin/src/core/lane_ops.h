@@ -46,6 +46,13 @@ struct rh_lane {
 	enum rh_lane_state state; /* see lane_state.h; written under the connection lock */
 	bool primary; /* the connection's original (local, remote) pair */
 	bool opener; /* this side opened it */
+	/* Opened as a warm standby (the hello's RH_HELLO_F_STANDBY): STANDBY once handshaken
+	 * until promoted; stays set after the promotion (the role it was opened in). */
+	bool standby;
+	/* A move chose this lane (promoted or opened it): the first frame it hands out is the
+	 * move's first post (rh_marks_first_post); t_decide_ns: when the move chose it. */
+	bool await_post;
+	uint64_t t_decide_ns;
 	int nstreams, nready; /* streams wanted / handshaken */
 	int weight; /* spreading weight from the ranking */
 	uint32_t share; /* the agent's plan share x 10000 (0: not from a plan, not gated) */

@@ -17,6 +17,10 @@ enum rh_lane_state {
 	RH_LANE_DRAINING,
 	/* Failed or fenced: transport shut down, frames from it ignored, never reused. */
 	RH_LANE_DEAD,
+	/* Warm standby (RAILHOP_STANDBY_LANES): handshake done on a backup pair, carries nothing
+	 * (no data, no control) until a move promotes it to ACTIVE, or the peer sends a frame on
+	 * it (the peer promoted it). Its failure drops it, it is not a failover. */
+	RH_LANE_STANDBY,
 };
 
 #endif

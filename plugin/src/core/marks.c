@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "../log.h"
 #include "../probes.h"
@@ -55,6 +56,42 @@ void rh_marks_report_move(struct rh_conn *c, const char *reached)
 		     "?",
 	     c->fo.cause_rnic, c->fo.cause[0] ? c->fo.cause : "?", to,
 	     (unsigned long long)(rh_now_ms() - c->fo.t_detect_ms), reached);
+}
+
+uint64_t rh_marks_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) < 0) {
+		return 0;
+	}
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void rh_marks_decision(struct rh_conn *c, struct rh_lane *l, uint64_t cpu_ns)
+{
+	uint64_t now = rh_now_ns();
+
+	RH_PROBE5(move_decision, c->id, l->id, l->standby, now - c->fo.t_detect_ns, cpu_ns);
+	INFO("conn %016llx (%s): move decision: lane %u %s -> peer NIC %d (%s), %.3f ms after "
+	     "detection, %.1f us of CPU",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, l->standby ? "warm standby" : "new lane",
+	     (now - c->fo.t_detect_ns) / 1e6, cpu_ns / 1e3);
+}
+
+void rh_marks_first_post(struct rh_conn *c, struct rh_lane *l, bool is_data)
+{
+	uint64_t now = rh_now_ns();
+
+	l->await_post = false;
+	RH_PROBE5(move_first_post, c->id, l->id, l->standby, now - c->fo.t_detect_ns,
+		  now - l->t_decide_ns);
+	INFO("conn %016llx (%s): move first post: lane %u (%s) %s, %.3f ms after detection, "
+	     "%.3f ms after the decision",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     l->standby ? "warm standby" : "new lane", is_data ? "data" : "control",
+	     (now - c->fo.t_detect_ns) / 1e6, (now - l->t_decide_ns) / 1e6);
 }
 
 void rh_marks_first_completion(struct rh_conn *c)

@@ -106,6 +106,8 @@ enum rh_hello_kind {
 /* This side wants a payload MAC on every DATA frame it receives (RAILHOP_CHECKSUM=1): its peer
  * adds one to the DATA frames it sends on the stream whatever its own setting. */
 #define RH_HELLO_F_PMAC 1u
+/* HELLO_LANE: the lane is a warm standby (carries nothing until promoted; core/lane_state.h) */
+#define RH_HELLO_F_STANDBY 2u
 
 /* Transport bytes a hello may carry for its lane's transport (a one-sided transport's queue
  * pair address, say): opaque to the core, under the MAC like every other field. */

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Warm standby lanes (RAILHOP_STANDBY_LANES): the sender side keeps that many extra lanes
+ * handshaken on its top backup pairs (the agent's plan, else the core's ranking: never a NIC
+ * known down, a pair in use or one that failed recently, never the original pair). They carry
+ * nothing (lane state STANDBY: the scheduler and the control lane skip it), so a move promotes
+ * one and its first frame (the FAILREQ, then the replay) goes out without any set-up. Both
+ * sides agree through the hello's RH_HELLO_F_STANDBY; each side promotes on its own move
+ * (failover.c's open_backups), or when the peer sends on the lane. A standby's own failure
+ * drops it (no move) and its replacement waits a backoff. All functions run with the
+ * connection lock held.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../log.h"
+#include "../param.h"
+#include "../probes.h"
+#include "conn.h"
+#include "health.h"
+#include "rank.h"
+
+#define RH_STANDBY_MAX 8 /* RAILHOP_STANDBY_LANES' upper bound (param.c) */
+
+static bool standby_eligible(struct rh_conn *c, struct rh_lane *l, uint64_t now)
+{
+	return l->state == RH_LANE_STANDBY && l->tp && rh_nic_is_up(l->lnic) &&
+	       c->fo.bad_until_ms[l->lnic][l->rnic] <= now;
+}
+
+static void standby_promote(struct rh_conn *c, struct rh_lane *l, const char *why, uint64_t now)
+{
+	l->state = RH_LANE_ACTIVE;
+	l->t_progress_ms = 0;
+	RH_PROBE4(standby_promoted, c->id, l->id, l->lnic, l->rnic);
+	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d promoted (%s)",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, why);
+	/* its replacement opens once the move is over, not before the next interval */
+	c->fo.t_standby_next_ms = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
+}
+
+/* A move: promote up to max eligible standby lanes; returns how many. */
+int rh_standby_promote(struct rh_conn *c, int max, uint64_t now)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nlanes && n < max; i++) {
+		struct rh_lane *l = c->lanes[i];
+		uint64_t cpu0;
+
+		if (!standby_eligible(c, l, now)) {
+			continue;
+		}
+		cpu0 = rh_marks_cpu_ns();
+		l->await_post = true;
+		l->t_decide_ns = rh_now_ns();
+		standby_promote(c, l, "a move", now);
+		rh_marks_decision(c, l, rh_marks_cpu_ns() - cpu0);
+		n++;
+	}
+	if (n) {
+		rh_conn_pick_ctrl_lane(c);
+		rh_conn_kick_data(c);
+	}
+	return n;
+}
+
+void rh_standby_peer_sent(struct rh_conn *c, struct rh_lane *l, const char *why)
+{
+	if (l->state != RH_LANE_STANDBY || c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	standby_promote(c, l, why, rh_now_ms());
+	rh_fo_lane_up(c, l);
+}
+
+/* A standby lane failed (while opening or idle): dropped, not a move; its pair is held off
+ * like any failed pair and the next standby waits a backoff (doubling while they keep
+ * failing, up to FAILBACK_MAX_BACKOFF). */
+void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why, uint64_t now)
+{
+	int b = c->fo.standby_backoff_ms ? 2 * c->fo.standby_backoff_ms :
+					   (int)rh_param.FAILBACK_INTERVAL;
+	bool was_standby = l->state == RH_LANE_STANDBY;
+
+	if (!c->err && !atomic_load(&c->closed)) {
+		/* evidence for the agent, as any lane's failure */
+		rh_conn_lane_event(c, l,
+				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
+									 RH_EVT_LANE_ERROR,
+				   err, 0, 0);
+	}
+	rh_conn_fence_lane(c, l);
+	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
+	if (c->err || atomic_load(&c->closed)) {
+		return;
+	}
+	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d dropped: %s (%s)",
+	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
+	     rh_g.nics[l->lnic].ifname, l->rnic, why, strerror(err < 0 ? -err : err));
+	if (l->opener && was_standby) {
+		/* the acceptor drops its end too: a lane whose NIC went down may never see the
+		 * close, and an idle standby has nothing else that would fail it */
+		struct rh_hdr bye = { .type = RH_F_BYE, .aux = l->id };
+
+		rh_conn_queue_ctrl(c, &bye, NULL, 0);
+	}
+	if (err != -ECONNRESET && err != -EPIPE && err != -ESTALE) {
+		c->fo.bad_until_ms[l->lnic][l->rnic] = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
+	}
+	if (b > (int)rh_param.FAILBACK_MAX_BACKOFF) {
+		b = (int)rh_param.FAILBACK_MAX_BACKOFF;
+	}
+	c->fo.standby_backoff_ms = b;
+	c->fo.t_standby_next_ms = now + (uint64_t)b;
+}
+
+/* The sender keeps STANDBY_LANES standby lanes (opening or STANDBY) outside a move, on the
+ * pairs a move would take first; a failed or promoted one is replaced after its backoff. */
+void rh_standby_tick(struct rh_conn *c, uint64_t now)
+{
+	struct rh_pair p[RH_STANDBY_MAX];
+	int want = (int)rh_param.STANDBY_LANES, have = 0, n;
+
+	if (!c->is_send || !c->ready || c->fo.active || want <= 0 ||
+	    now < c->fo.t_standby_next_ms || !c->have_nonces) {
+		return;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		struct rh_lane *l = c->lanes[i];
+
+		have += l->standby && (l->state == RH_LANE_STANDBY || l->state == RH_LANE_OPENING);
+	}
+	if (want > RH_STANDBY_MAX) {
+		want = RH_STANDBY_MAX;
+	}
+	if (have >= want) {
+		return;
+	}
+	/* nothing to open now (no pair left, or the lane table full): look again later */
+	c->fo.t_standby_next_ms = now + (uint64_t)rh_param.FAILBACK_INTERVAL;
+	n = rh_backup_plan_pairs(c, p, want - have);
+	if (n == 0) {
+		n = rh_backup_rank(c, p, want - have, false);
+	}
+	for (int i = 0; i < n; i++) {
+		struct rh_lane *l;
+
+		if (p[i].local == c->lnic_orig && p[i].remote == c->rnic_orig) {
+			continue; /* the original pair is the primary's, never a standby's */
+		}
+		l = rh_backup_add_lane(c, &p[i], true);
+		if (!l) {
+			break;
+		}
+		if (rh_conn_open_lane(c, l, RH_HELLO_LANE, 2 * (int)rh_param.PROBE_TIMEOUT) < 0) {
+			rh_standby_failed(c, l, -EHOSTUNREACH, "cannot open", now);
+		}
+	}
+}

@@ -1,0 +1,134 @@
+"""Warm standby lanes (RAILHOP_STANDBY_LANES, issue 27) on the emulated fabric over TCP lanes;
+every byte checked (root).
+
+One connection on nic0 (primary pair nic0 -> peer NIC 0) keeps one standby lane on a backup
+pair. A carrier loss on nic0 moves the connection onto that standby: the plugin's log says the
+move promoted it, its first frame went out on it, and no lane was opened for the move
+(RAILHOP_BACKUP_LANES=1: the standby is the one backup wanted). A carrier loss on the standby's
+own NIC drops the standby only: no move, no failover line, a replacement standby later, and the
+data never stops being checked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import require, require_built
+from railhop_lab.fabric import Fabric, unique_prefix
+from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
+
+pytestmark = pytest.mark.privileged
+
+MiB = 1 << 20
+ENV = {
+    "RAILHOP_TRANSPORT": "tcp",
+    "RAILHOP_STANDBY_LANES": "1",
+    "RAILHOP_BACKUP_LANES": "1",
+    "NCCL_DEBUG": "INFO",  # the plugin's INFO lines are the evidence
+}
+
+
+@pytest.fixture(scope="module")
+def fab() -> Iterator[Fabric]:
+    require(os.geteuid() == 0, "needs root (netns, veth, tc)")
+    require_built()
+    with Fabric(nodes=2, nics=3, rate_mbit=200, prefix=unique_prefix("rhsb")) as f:
+        yield f
+
+
+@pytest.fixture(autouse=True)
+def _healed(fab: Fabric) -> Iterator[None]:
+    fab.heal_all()
+    yield
+    fab.heal_all()
+
+
+def cfg(seed: int) -> HarnessConfig:
+    return HarnessConfig(
+        conns=1, sizes=(MiB, 4096, 3 * MiB + 5, 0), duration=6.0, deadline=40.0, seed=seed
+    )
+
+
+def assert_lossless(res: HarnessResult) -> None:
+    assert res.ok, res.describe()
+    s, r = res.send.summary, res.recv.summary
+    assert s is not None and r is not None
+    assert s.msgs == r.msgs > 0, res.describe()
+    assert s.bytes == r.bytes, res.describe()
+    assert r.data_errors == 0 and s.data_errors == 0
+
+
+def standby_up(stderr_path: Path, timeout: float) -> tuple[str, int, str]:
+    """(conn id, lane id, local NIC) of the sender's standby once it is handshaken (bounded)."""
+    pat = re.compile(r"conn ([0-9a-f]+) \(send\): lane (\d+) up (\S+) -> peer NIC \d+ \(standby\)")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = pat.search(stderr_path.read_text(errors="replace"))
+        if m:
+            return m.group(1), int(m.group(2)), m.group(3)
+        time.sleep(0.05)
+    raise AssertionError(f"no standby lane came up:\n{stderr_path.read_text()[-4000:]}")
+
+
+def run_with_fault(fab: Fabric, tmp_path: Path, seed: int, nic_of_fault: str | None) -> tuple:
+    """Run, wait for the standby, pull the carrier of nic_of_fault ("standby": the standby's
+    own NIC, else a NIC name) at the sender; returns the result, both logs and the standby."""
+    with HarnessRun(fab, cfg(seed), env=ENV, workdir=tmp_path) as run:
+        conn, lane, sb_nic = standby_up(tmp_path / "send.stderr", timeout=20)
+        wait_for_bytes(run, 8 * MiB, timeout=20)
+        nic = sb_nic if nic_of_fault == "standby" else nic_of_fault
+        assert nic is not None
+        fab.carrier_down(0, int(nic.removeprefix("nic")), end="local")
+        res = run.wait()
+    send = (tmp_path / "send.stderr").read_text(errors="replace")
+    recv = (tmp_path / "recv.stderr").read_text(errors="replace")
+    return res, send, recv, conn, lane, sb_nic
+
+
+def test_carrier_loss_moves_onto_the_standby(fab: Fabric, tmp_path: Path) -> None:
+    res, send, recv, conn, lane, sb_nic = run_with_fault(fab, tmp_path, 71, "nic0")
+    assert_lossless(res)
+    assert sb_nic != "nic0"
+    # the sender's move promoted the standby and posted its first frame on it
+    promoted = re.search(
+        rf"conn {conn} \(send\): standby lane {lane} {sb_nic} -> peer NIC \d+ promoted \(a move\)",
+        send,
+    )
+    assert promoted, send[-6000:]
+    assert re.search(rf"conn {conn} \(send\): move decision: lane {lane} .*\(warm standby\)", send)
+    assert re.search(rf"conn {conn} \(send\): move first post: lane {lane} \(warm standby\)", send)
+    # no lane opened for the move (a replacement standby may open afterwards)
+    after = send[promoted.end() :]
+    assert not re.search(rf"conn {conn}: opening lane ", after), after[:4000]
+    assert not re.search(rf"conn {conn} \(send\): move decision: .*\(new lane\)", send)
+    # the receiver took the lane as a data lane too (its own move or the sender's frames)
+    assert re.search(rf"conn {conn} \(recv\): lane {lane} up \S+ -> peer NIC \d+ \(standby\)", recv)
+    assert re.search(
+        rf"conn {conn} \(recv\): standby lane {lane} \S+ -> peer NIC \d+ promoted", recv
+    )
+    # the move's WARN line: traffic now on the standby's NIC
+    assert re.search(
+        rf"conn {conn} \((send|recv)\): failover: nic0 -> .*now on {sb_nic} ", send + recv
+    )
+
+
+def test_standby_failure_is_not_a_failover(fab: Fabric, tmp_path: Path) -> None:
+    res, send, recv, conn, lane, sb_nic = run_with_fault(fab, tmp_path, 72, "standby")
+    assert_lossless(res)
+    dropped = re.search(rf"conn {conn} \(send\): standby lane {lane} {sb_nic} -> .* dropped", send)
+    assert dropped, send[-6000:]
+    # the receiver dropped its end when told (the sender's BYE naming it)
+    assert re.search(rf"conn {conn}: lane {lane} retired by peer", recv), recv[-4000:]
+    for log in (send, recv):
+        assert "failover:" not in log, log[-4000:]
+        assert "move decision" not in log
+        assert "promoted" not in log
+    # a replacement standby on another pair (after the backoff, within the run)
+    again = re.search(rf"conn {conn}: opening standby lane \d+ (\S+) ", send[dropped.end() :])
+    assert again and again.group(1) != sb_nic, send[dropped.end() :][:4000]
