@@ -220,7 +220,7 @@ static void test_move_promotes_standby(void)
 	EXPECT(c->ctrl_len > 0); /* the FAILREQ is queued on it */
 	len0 = c->ctrl_len;
 	/* not taken by the transport yet: no second FAILREQ piles up behind it, however late */
-	rh_fo_tick(c, rh_now_ms() + 1000);
+	rh_fo_tick(c, rh_now_ms() + 500); /* (within its answer deadline, 2 x PROBE_TIMEOUT) */
 	EXPECT_EQ(c->ctrl_len, len0);
 	pthread_mutex_unlock(&c->mu);
 	/* the first frame the standby hands out is the FAILREQ, the move's first post */
@@ -234,10 +234,56 @@ static void test_move_promotes_standby(void)
 	rh_fo_tick(c, rh_now_ms()); /* the move goes on: still no new lane, no standby yet */
 	EXPECT_EQ(tp.opens, opens0);
 	EXPECT_EQ(c->ctrl_len, 0u);
-	rh_fo_tick(c, rh_now_ms() + 1000); /* sent, unanswered: sent again */
+	rh_fo_tick(c, rh_now_ms() + 500); /* sent, unanswered (300 ms): sent again */
 	EXPECT(c->ctrl_len > 0);
 	pthread_mutex_unlock(&c->mu);
 	drop_conn(c);
+}
+
+/* A promoted standby skipped its handshake: with nothing from the peer by the handshake's
+ * deadline (2 x PROBE_TIMEOUT) it has failed (every rail down at the far end: the move must
+ * go on to escalate, not wait on it for ever); a frame read from it in time keeps it. */
+static void test_promoted_standby_must_be_answered(void)
+{
+	for (int answered = 0; answered < 2; answered++) {
+		struct rh_lane *p, *sb;
+		struct rh_conn *c = conn_with_standby(&p, &sb);
+		struct rh_hdr h = { .type = RH_F_ACK };
+		uint64_t by;
+		uint32_t id;
+
+		EXPECT(c && p && sb);
+		if (!c || !sb) {
+			return;
+		}
+		pthread_mutex_lock(&c->mu);
+		rh_fo_lane_failed(c, p, -ETIMEDOUT, "test: no progress");
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE); /* promoted */
+		by = sb->t_answer_by_ms;
+		id = sb->id;
+		EXPECT(by >= rh_now_ms() + 2 * (uint64_t)rh_param.PROBE_TIMEOUT - 50);
+		rh_fo_tick(c, by - 1); /* not yet */
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+		h.conn_id = c->id;
+		h.epoch = c->epoch;
+		pthread_mutex_unlock(&c->mu);
+		if (answered) {
+			rh_core_rx_ctrl(sb, &h, NULL); /* the peer's first frame on it */
+		}
+		pthread_mutex_lock(&c->mu);
+		rh_fo_tick(c, by);
+		if (answered) {
+			EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+			EXPECT_EQ(sb->t_answer_by_ms, 0u);
+		} else {
+			/* failed: the move goes on without it (its slot may hold a new lane now) */
+			for (int i = 0; i < c->nlanes; i++) {
+				EXPECT(c->lanes[i]->id != id || c->lanes[i]->state == RH_LANE_DEAD);
+			}
+		}
+		pthread_mutex_unlock(&c->mu);
+		drop_conn(c);
+	}
 }
 
 /* No standby (STANDBY_LANES=0), or none eligible (its pair known bad): the move opens. */
@@ -374,6 +420,7 @@ int main(void)
 	rh_param.BACKUP_LANES = 1;
 	test_standby_opened_and_idle();
 	test_move_promotes_standby();
+	test_promoted_standby_must_be_answered();
 	test_move_without_standby_opens();
 	test_standby_failure_is_no_move();
 	test_acceptor_keeps_standby_apart();

@@ -307,6 +307,11 @@ void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		       uint64_t now); /* locked */
 /* The ticker's phase (sender, outside a move): open standbys up to STANDBY_LANES. */
 void rh_standby_tick(struct rh_conn *c, uint64_t now); /* locked */
+/* The peer answered on lane l (a frame read from it), or answered the move (l NULL: every
+ * promoted lane): no answer deadline any more. */
+void rh_standby_answered(struct rh_conn *c, struct rh_lane *l); /* locked */
+/* True when lane l, a standby a move promoted, has had no answer by its deadline. */
+bool rh_standby_unanswered(const struct rh_lane *l, uint64_t now); /* locked */
 void rh_fo_probe_done(struct rh_conn *c, uint64_t cookie, bool ok); /* locked */
 void rh_fo_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* Connector: opens the founding lane; a transient error (address resolution in progress, no

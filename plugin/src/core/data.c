@@ -470,6 +470,7 @@ void *rh_core_rx_data(struct rh_lane *l, const struct rh_hdr *h, bool *counted)
 	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
 		goto out;
 	}
+	rh_standby_answered(c, l);
 	if (l->state == RH_LANE_STANDBY) {
 		rh_standby_peer_sent(c, l, "the peer sent data on it");
 	}
@@ -526,6 +527,7 @@ int rh_core_rx_buffer(struct rh_lane *l, uint64_t seq, int slot, uint32_t epoch,
 	if (c->is_send || atomic_load(&c->closed) || l->state == RH_LANE_DEAD) {
 		goto out;
 	}
+	rh_standby_answered(c, l);
 	if (l->state == RH_LANE_STANDBY) {
 		rh_standby_peer_sent(c, l, "the peer asked for an advert on it");
 	}
@@ -747,6 +749,7 @@ void rh_core_rx_ctrl(struct rh_lane *l, const struct rh_hdr *h, const uint8_t *p
 		bad_frame(c, l, h, "has an epoch out of bounds");
 		goto out;
 	}
+	rh_standby_answered(c, l);
 	if (l->state == RH_LANE_STANDBY) {
 		/* the peer promoted it (a control frame goes on its control lane only) */
 		rh_standby_peer_sent(c, l, "the peer sent a control frame on it");

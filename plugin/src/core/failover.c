@@ -719,6 +719,10 @@ static void lane_tick_carrying(struct rh_conn *c, struct rh_lane *l, uint64_t no
 	if (lane_tick_retiring(c, l, now)) {
 		return;
 	}
+	if (rh_standby_unanswered(l, now)) {
+		rh_fo_lane_failed(c, l, -ETIMEDOUT, "promoted standby: no answer from the peer");
+		return;
+	}
 	/* While the agent suspects the NIC (its suspicion may have come, and been answered,
 	 * before this lane's trouble began), a lane that has moved nothing for 100 ms and whose
 	 * transport says the path is lost fails at once. */

@@ -53,6 +53,11 @@ struct rh_lane {
 	 * move's first post (rh_marks_first_post); t_decide_ns: when the move chose it. */
 	bool await_post;
 	uint64_t t_decide_ns;
+	/* A standby a move promoted skipped the handshake that proves the peer reachable: the
+	 * peer must answer on it (any frame the core reads from it) or answer the move (its
+	 * RESUME) by this time, the handshake deadline it skipped, or the lane has failed
+	 * (rh_standby_unanswered). 0: answered, or never promoted by a move. */
+	uint64_t t_answer_by_ms;
 	int nstreams, nready; /* streams wanted / handshaken */
 	int weight; /* spreading weight from the ranking */
 	uint32_t share; /* the agent's plan share x 10000 (0: not from a plan, not gated) */

@@ -304,6 +304,7 @@ int rh_resume_apply(struct rh_conn *c, const struct rh_hdr *h, const uint8_t *p)
 	}
 	c->fo.failreq_out = false;
 	c->resume_epoch = h->epoch;
+	rh_standby_answered(c, NULL); /* the peer answered the move */
 	resume_take_cts(c, r);
 	resume_queue_replay(c, r, &out);
 	resume_applied(c, &out);

@@ -56,6 +56,9 @@ int rh_standby_promote(struct rh_conn *c, int max, uint64_t now)
 		cpu0 = rh_marks_cpu_ns();
 		l->await_post = true;
 		l->t_decide_ns = rh_now_ns();
+		/* the handshake deadline a new lane would have had: an idle standby whose far end
+		 * died (every rail down at the switch) must not hold the move open for ever */
+		l->t_answer_by_ms = now + 2 * (uint64_t)rh_param.PROBE_TIMEOUT;
 		standby_promote(c, l, "a move", now);
 		rh_marks_decision(c, l, rh_marks_cpu_ns() - cpu0);
 		n++;
@@ -65,6 +68,22 @@ int rh_standby_promote(struct rh_conn *c, int max, uint64_t now)
 		rh_conn_kick_data(c);
 	}
 	return n;
+}
+
+void rh_standby_answered(struct rh_conn *c, struct rh_lane *l)
+{
+	if (l) {
+		l->t_answer_by_ms = 0;
+		return;
+	}
+	for (int i = 0; i < c->nlanes; i++) {
+		c->lanes[i]->t_answer_by_ms = 0;
+	}
+}
+
+bool rh_standby_unanswered(const struct rh_lane *l, uint64_t now)
+{
+	return l->t_answer_by_ms && now >= l->t_answer_by_ms;
 }
 
 void rh_standby_peer_sent(struct rh_conn *c, struct rh_lane *l, const char *why)
