@@ -304,7 +304,18 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
  * failed, or NULL when none did (start_move_without_lane: the cause is the original pair). */
 static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char *why, uint64_t now)
 {
-	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+	/* The bound covers the backup pairs' first probe round (a handshake: up to 2x the probe
+	 * timeout) and the start of one complete re-probe (open_backups). With a probe timeout
+	 * above the completion timeout (the VM lab over verbs: 10 s, 8 s) it ran out before the
+	 * first round had failed: no pair was ever re-probed, and a blackhole under load gave up
+	 * connections with healthy rails left (bench/vm_failover.py: 9 of 14 rounds). Nothing
+	 * left to try still escalates at once (escalate_if_stuck). */
+	uint64_t bound = (uint64_t)rh_param.COMPLETION_TIMEOUT;
+
+	if (bound < 3 * (uint64_t)rh_param.PROBE_TIMEOUT) {
+		bound = 3 * (uint64_t)rh_param.PROBE_TIMEOUT;
+	}
+	c->fo.t_escalate_ms = now + bound;
 	c->fo.reprobes = 0;
 	c->fo.found_late = err == -ETIMEDOUT || err == -ESTALE;
 	if (!c->fo.active) {
