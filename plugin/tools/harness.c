@@ -387,24 +387,17 @@ static void usage(void)
 
 static void parse_args(int argc, char **argv)
 {
-	static const struct option lo[] = { { "plugin", 1, 0, 'p' },
-					    { "role", 1, 0, 'r' },
-					    { "rendezvous", 1, 0, 'd' },
-					    { "conns", 1, 0, 'c' },
-					    { "devs", 1, 0, 'D' },
-					    { "sizes", 1, 0, 's' },
-					    { "count", 1, 0, 'n' },
-					    { "duration", 1, 0, 't' },
-					    { "inflight", 1, 0, 'k' },
-					    { "grouped", 1, 0, 'g' },
-					    { "interval-ms", 1, 0, 'i' },
-					    { "deadline", 1, 0, 'T' },
-					    { "expect-error", 0, 0, 'e' },
-					    { "seed", 1, 0, 'S' },
-					    { "api", 1, 0, 'a' },
-					    { "verbose", 0, 0, 'v' },
-					    { "stop-file", 1, 0, 'F' },
-					    { 0, 0, 0, 0 } };
+	static const struct option lo[] = {
+		{ "plugin", 1, 0, 'p' },       { "role", 1, 0, 'r' },
+		{ "rendezvous", 1, 0, 'd' },   { "conns", 1, 0, 'c' },
+		{ "devs", 1, 0, 'D' },	       { "sizes", 1, 0, 's' },
+		{ "count", 1, 0, 'n' },	       { "duration", 1, 0, 't' },
+		{ "inflight", 1, 0, 'k' },     { "grouped", 1, 0, 'g' },
+		{ "interval-ms", 1, 0, 'i' },  { "deadline", 1, 0, 'T' },
+		{ "expect-error", 0, 0, 'e' }, { "seed", 1, 0, 'S' },
+		{ "api", 1, 0, 'a' },	       { "verbose", 0, 0, 'v' },
+		{ "stop-file", 1, 0, 'F' },    { 0, 0, 0, 0 },
+	};
 	long long tmp[MAX_SIZES];
 	int c, n;
 
