@@ -473,6 +473,15 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		 * of the last progress. */
 		begin_move(c, l, err, why, now);
 	}
+	/* Within a move a failed pair stays held off up to the escalation bound: only the re-probe
+	 * round tries it again. With the VM lab's timeouts its 1 s hold-off (FAILBACK_INTERVAL)
+	 * ran out while the first round of backups was in flight; when that round failed, the
+	 * ranking found the failed pair again and tried it alone, and the healthy pairs were never
+	 * re-probed (bench/vm_failover.py, a blackhole on nic0: "held off: nic0->0"). */
+	if (c->fo.active && err != -ECONNRESET && err != -EPIPE && err != -ESTALE &&
+	    c->fo.bad_until_ms[l->lnic][l->rnic] < c->fo.t_escalate_ms) {
+		c->fo.bad_until_ms[l->lnic][l->rnic] = c->fo.t_escalate_ms;
+	}
 	open_backups(c);
 	send_notify(c);
 	escalate_if_stuck(c, now);
