@@ -37,7 +37,9 @@ MiB = 1 << 20
 
 def one_round(lab: VmLab, env: dict[str, str], duration: float) -> tuple[bool, str, Path]:
     """One carrier-loss round; (passed, what failed or a summary, the harness directory)."""
-    cfg = HarnessConfig(conns=4, sizes=(MiB,), duration=duration, inflight=4, deadline=300)
+    cfg = HarnessConfig(
+        conns=4, sizes=(MiB,), duration=duration, inflight=4, deadline=duration + 200
+    )
     run = VmHarnessRun(lab, cfg, env=env, verbose=True)
     try:
         with run:
@@ -47,6 +49,7 @@ def one_round(lab: VmLab, env: dict[str, str], duration: float) -> tuple[bool, s
             wait_for_each_conn(run, 4 * MiB, 120)
             lab.heal(0)
             wait_for_each_conn(run, 4 * MiB, 120)
+            run.finish()  # the round's steps are through: the run ends by what it moved
             res = run.wait()
     except (HarnessError, VmLabError) as e:
         return False, f"{type(e).__name__}: {e}", run.dir
@@ -62,7 +65,12 @@ def one_round(lab: VmLab, env: dict[str, str], duration: float) -> tuple[bool, s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--duration", type=float, default=100.0, help="harness seconds per round")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=400.0,
+        help="harness seconds per round at most (a round ends once its steps are through)",
+    )
     ap.add_argument("--log-level", default="INFO", help="RAILHOP_LOG_LEVEL of both sides")
     ap.add_argument("--keep", default="/tmp/railhop-carrier-loop", help="failed rounds' logs")
     ap.add_argument("--stop", action="store_true", help="stop at the first failed round")

@@ -24,6 +24,7 @@ medians and the ratios with agent / without. Emulated CPUs: compare the ratios a
 the absolute times with hardware.
 
     sudo .venv/bin/python bench/vm_failover.py [--rounds 5] [--seconds 50] [--json out.json]
+        [--faults carrier,blackhole] [--log-level INFO] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,19 +32,26 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import REPO, setup_import_path
 
 setup_import_path()
 
-from railhop_lab.harness import HarnessConfig, Progress, use_source_tree_build  # noqa: E402
+from railhop_lab.harness import (  # noqa: E402
+    HarnessConfig,
+    HarnessError,
+    Progress,
+    use_source_tree_build,
+)
 from railhop_lab.vmagent import AGENT_RUN_DIR, GuestAgent  # noqa: E402
 from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes  # noqa: E402
-from railhop_lab.vmlab import VmLab  # noqa: E402
+from railhop_lab.vmlab import VmLab, VmLabError  # noqa: E402
 
 MiB = 1 << 20
 FAULTS = ("carrier", "blackhole")
@@ -87,13 +95,26 @@ def first_failure(log: str) -> tuple[float, str] | None:
     return (float(m.group(1)), m.group(2).strip()) if m else None
 
 
-def one_round(lab: VmLab, fault: str, agent: bool, seconds: float) -> dict[str, Any]:
+class RoundFailed(RuntimeError):
+    """A round that did not come through clean; ``dir``: its harness directory (both logs)."""
+
+    def __init__(self, what: str, rdir: Path) -> None:
+        super().__init__(what)
+        self.dir = rdir
+
+
+def one_round(
+    lab: VmLab, fault: str, agent: bool, seconds: float, log_level: str
+) -> dict[str, Any]:
     cfg = HarnessConfig(
         conns=4, sizes=(MiB,), duration=seconds, inflight=4, interval_ms=50, deadline=seconds + 180
     )
-    env = {"RAILHOP_RUN_DIR": AGENT_RUN_DIR} if agent else {}
+    env = {"RAILHOP_LOG_LEVEL": log_level}
+    if agent:
+        env["RAILHOP_RUN_DIR"] = AGENT_RUN_DIR
+    run = VmHarnessRun(lab, cfg, env=env, verbose=True)
     try:
-        with VmHarnessRun(lab, cfg, env=env, verbose=True) as run:
+        with run:
             wait_for_bytes(run, 8 * MiB, 180)
             off = {r: clock_offset(run, r, 1.5) for r in ("send", "recv")}
             t_host = time.monotonic()
@@ -102,17 +123,19 @@ def one_round(lab: VmLab, fault: str, agent: bool, seconds: float) -> dict[str, 
             else:
                 lab.blackhole(1, 0)
             res = run.wait()
+    except (HarnessError, VmLabError, RuntimeError) as e:
+        raise RoundFailed(f"{type(e).__name__}: {e}", run.dir) from e
     finally:
         lab.heal_all()
     if not res.ok or res.data_errors:
-        raise RuntimeError(res.describe())
+        raise RoundFailed(res.describe(), run.dir)
     t_fault = {r: t_host - off[r] for r in off}
     prog = res.recv.progress
     before = [p for p in prog if p.t < t_fault["recv"]]
     if not before or any(
         b <= a for a, b in zip(before[-1].per_conn, prog[-1].per_conn, strict=True)
     ):
-        raise RuntimeError(f"a connection did not move on after the fault ({run.dir})")
+        raise RoundFailed(f"a connection did not move on after the fault ({run.dir})", run.dir)
     stall = longest_stall(prog, t_fault["recv"])
     found: list[tuple[float, str, str]] = []
     for r in ("send", "recv"):
@@ -120,7 +143,7 @@ def one_round(lab: VmLab, fault: str, agent: bool, seconds: float) -> dict[str, 
         if f is not None:
             found.append((f[0] - t_fault[r], r, f[1]))
     if not found:
-        raise RuntimeError(f"no lane on nic0 failed ({run.dir})")
+        raise RoundFailed(f"no lane on nic0 failed ({run.dir})", run.dir)
     det = min(found)
     return {
         "fault": fault,
@@ -138,6 +161,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=50.0, help="harness run per round")
     ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--json", help="write the rounds and the medians here")
+    ap.add_argument("--log-level", default="INFO", help="RAILHOP_LOG_LEVEL of both sides")
+    ap.add_argument("--keep", default="/tmp/railhop-vm-failover", help="failed rounds' logs")
     a = ap.parse_args()
     faults = [f for f in a.faults.split(",") if f]
     if a.rounds < 1 or a.seconds < 20 or any(f not in FAULTS for f in faults):
@@ -154,12 +179,16 @@ def main() -> int:
                 for agent in (False, True):
                     tag = f"round {k} {fault:9} agent={'yes' if agent else 'no '}"
                     try:
-                        r = one_round(lab, fault, agent, a.seconds)
-                    except RuntimeError as e:
+                        r = one_round(lab, fault, agent, a.seconds, a.log_level)
+                    except RoundFailed as e:
                         # a round that did not come through clean (an escalation, a
                         # connection that never moved on) is counted, not measured
+                        dst = Path(a.keep) / f"round-{k}-{fault}-{'agent' if agent else 'plain'}"
+                        shutil.rmtree(dst, ignore_errors=True)
+                        if e.dir.is_dir():
+                            shutil.copytree(e.dir, dst, ignore=shutil.ignore_patterns("rendezvous"))
                         failed.append({"round": k, "fault": fault, "agent": agent, "error": str(e)})
-                        print(f"{tag}: FAILED: {str(e)[:300]}", flush=True)
+                        print(f"{tag}: FAILED (logs in {dst}): {str(e)[:300]}", flush=True)
                         continue
                     r["round"] = k
                     rows.append(r)

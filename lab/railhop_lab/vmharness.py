@@ -135,6 +135,8 @@ class VmHarnessRun:
         order: tuple[tuple[Role, int], ...] = (("recv", self.recv_node), ("send", self.send_node))
         for role, node in order:
             argv = build_argv(self.harness, self.plugin, role, rdv, self.cfg)
+            if self.cfg.duration is not None:  # finish(): the run's end by what it moved
+                argv += ["--stop-file", str(self.stop_file)]
             if self.verbose:
                 argv.append("--verbose")
             run_dir = self.dir / f"run-{role}"
@@ -151,6 +153,19 @@ class VmHarnessRun:
             )
             self.sides[role] = _VmSide(role, node, job, out, err)
         return self
+
+    @property
+    def stop_file(self) -> Path:
+        return self.dir / "stop"
+
+    def finish(self) -> None:
+        """End a ``duration`` run early: the sender stops posting within one progress interval
+        and both sides exit as at the end of the duration. A test sizes the duration far above
+        what its steps need and calls this once they are done: on a loaded host the steps
+        (guest commands, fail-backs) take longer, and the run still covers them."""
+        if self.cfg.duration is None:
+            raise HarnessError("finish() ends a duration run; this one has a message count")
+        self.stop_file.touch()
 
     def running(self) -> bool:
         return any(not s.job.done() for s in self.sides.values())

@@ -25,3 +25,8 @@ run --conns 3 --sizes 65536,0,100 --count 96 --grouped 4 --api 8
 run --conns 1 --sizes 33554432,0 --count 8 --inflight 2 --api 12
 run --conns 8 --sizes 131072 --count 100 --api 10
 run --conns 2 --sizes 262144 --duration 1 --api 9
+# --stop-file ends a --duration run once the file exists (here from the start): without it this
+# 300 s run would pass the 60 s deadline and fail
+stop=$(mktemp)
+run --conns 2 --sizes 65536 --duration 300 --stop-file "$stop"
+rm -f "$stop"

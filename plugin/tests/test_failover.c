@@ -635,6 +635,71 @@ static void test_escalation_round_deadlines(void)
 	escalation_round_deadlines(-ECONNRESET, 2 * (uint64_t)rh_param.PROBE_TIMEOUT);
 }
 
+/* The VM lab over verbs (completion timeout 8 s, probe timeout 10 s), a blackhole under load
+ * (bench/vm_failover.py: 9 of 14 rounds escalated): the move's first round of backup handshakes
+ * timed out at the probe timeout, past an escalation bound of one completion timeout, so no pair
+ * was re-probed and the connection was given up with healthy rails left. The bound must cover
+ * that round and one re-probe; the failed pair stays held off for the move (its 1 s hold-off
+ * ran out during the round, and the ranking then tried it alone instead of re-probing every
+ * pair); with nothing left after the re-probe it still escalates at once. */
+static int fail_round(struct rh_conn *c, uint64_t took_ms)
+{
+	struct rh_lane *b[RH_MAX_LANES];
+	int nb = 0;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		if (c->lanes[i]->state == RH_LANE_OPENING && c->lanes[i]->opener) {
+			b[nb++] = c->lanes[i];
+		}
+	}
+	/* the round's time passed: every deadline of the move is that much nearer */
+	c->fo.t_escalate_ms -= took_ms;
+	for (int i = 0; i < RH_MAX_NICS; i++) {
+		for (int j = 0; j < RH_MAX_NICS; j++) {
+			uint64_t *u = &c->fo.bad_until_ms[i][j];
+
+			*u = *u > took_ms ? *u - took_ms : 0;
+		}
+	}
+	for (int i = 0; i < nb && !c->err; i++) {
+		rh_fo_lane_failed(c, b[i], -ETIMEDOUT, "test: handshake timed out");
+	}
+	return nb;
+}
+
+static void test_escalation_bound_covers_a_reprobe(void)
+{
+	int ct = rh_param.COMPLETION_TIMEOUT, pt = rh_param.PROBE_TIMEOUT;
+	struct rh_lane *l = NULL;
+	struct rh_conn *c;
+	int opens0;
+
+	rh_param.COMPLETION_TIMEOUT = 8000;
+	rh_param.PROBE_TIMEOUT = 10000;
+	c = ready_conn(true, &l);
+	EXPECT(c != NULL && l != NULL);
+	if (!c || !l) {
+		goto out;
+	}
+	pthread_mutex_lock(&c->mu);
+	rh_fo_lane_failed(c, l, -ETIMEDOUT, "test: no progress, probe failed"); /* found late */
+	/* the first round: every handshake times out at the probe timeout (a tick late) */
+	opens0 = tp.opens;
+	EXPECT(fail_round(c, (uint64_t)rh_param.PROBE_TIMEOUT + 50) >= 2);
+	EXPECT_EQ(c->err, 0);
+	EXPECT_EQ(c->fo.reprobes, 1);
+	/* every pair re-probed, not the failed one alone once its 1 s hold-off ran out */
+	EXPECT(tp.opens - opens0 >= 2);
+	/* the re-probe fails the same way: nothing left, a clean error at once */
+	EXPECT(fail_round(c, (uint64_t)rh_param.PROBE_TIMEOUT + 50) >= 1);
+	EXPECT_EQ(c->err, -EHOSTUNREACH);
+	pthread_mutex_unlock(&c->mu);
+	drop_conn(c);
+out:
+	rh_param.COMPLETION_TIMEOUT = ct;
+	rh_param.PROBE_TIMEOUT = pt;
+}
+
 /* A move found by the completion timeout gives each parallel handshake the probe timeout. One
  * the peer has answered (a stream accepted: rh_core_stream_answered; or a stream handshaken) is a
  * healthy pair slow to set up its endpoints, and keeps the usual 2x deadline; an unanswered one
@@ -1262,5 +1327,6 @@ int main(void)
 	test_escalation_round_deadlines();
 	test_answered_handshake_keeps_its_deadline();
 	test_no_escalation_outside_a_move_with_lanes_in_flight();
+	test_escalation_bound_covers_a_reprobe();
 	TEST_DONE();
 }

@@ -49,6 +49,7 @@ static struct {
 	int nsizes;
 	long count;
 	double duration;
+	const char *stop_file; /* sender, --duration: stop early once this path exists */
 	int inflight;
 	int grouped;
 	int interval_ms;
@@ -380,29 +381,23 @@ static void usage(void)
 		"usage: railhop-harness --plugin PATH --role recv|send --rendezvous DIR [--conns N]\n"
 		"  [--devs 0,1,..] [--sizes S[,S..]] [--count M | --duration SEC] [--inflight K]\n"
 		"  [--grouped G] [--interval-ms MS] [--deadline SEC] [--expect-error] [--seed S]\n"
-		"  [--api 8..12] [--verbose]   (NCCL_DEBUG=INFO implies --verbose)\n");
+		"  [--api 8..12] [--stop-file PATH] [--verbose]   (NCCL_DEBUG=INFO implies --verbose)\n");
 	exit(2);
 }
 
 static void parse_args(int argc, char **argv)
 {
-	static const struct option lo[] = { { "plugin", 1, 0, 'p' },
-					    { "role", 1, 0, 'r' },
-					    { "rendezvous", 1, 0, 'd' },
-					    { "conns", 1, 0, 'c' },
-					    { "devs", 1, 0, 'D' },
-					    { "sizes", 1, 0, 's' },
-					    { "count", 1, 0, 'n' },
-					    { "duration", 1, 0, 't' },
-					    { "inflight", 1, 0, 'k' },
-					    { "grouped", 1, 0, 'g' },
-					    { "interval-ms", 1, 0, 'i' },
-					    { "deadline", 1, 0, 'T' },
-					    { "expect-error", 0, 0, 'e' },
-					    { "seed", 1, 0, 'S' },
-					    { "api", 1, 0, 'a' },
-					    { "verbose", 0, 0, 'v' },
-					    { 0, 0, 0, 0 } };
+	static const struct option lo[] = {
+		{ "plugin", 1, 0, 'p' },       { "role", 1, 0, 'r' },
+		{ "rendezvous", 1, 0, 'd' },   { "conns", 1, 0, 'c' },
+		{ "devs", 1, 0, 'D' },	       { "sizes", 1, 0, 's' },
+		{ "count", 1, 0, 'n' },	       { "duration", 1, 0, 't' },
+		{ "inflight", 1, 0, 'k' },     { "grouped", 1, 0, 'g' },
+		{ "interval-ms", 1, 0, 'i' },  { "deadline", 1, 0, 'T' },
+		{ "expect-error", 0, 0, 'e' }, { "seed", 1, 0, 'S' },
+		{ "api", 1, 0, 'a' },	       { "verbose", 0, 0, 'v' },
+		{ "stop-file", 1, 0, 'F' },    { 0, 0, 0, 0 },
+	};
 	long long tmp[MAX_SIZES];
 	int c, n;
 
@@ -457,6 +452,9 @@ static void parse_args(int argc, char **argv)
 		case 't':
 			opt.duration = atof(optarg);
 			break;
+		case 'F':
+			opt.stop_file = optarg;
+			break;
 		case 'k':
 			opt.inflight = atoi(optarg);
 			break;
@@ -495,6 +493,10 @@ static void parse_args(int argc, char **argv)
 	    opt.api < 8 || opt.api > 12 || (opt.count < 0 && opt.duration < 0) ||
 	    (opt.count >= 0 && opt.duration >= 0) || opt.interval_ms < 1) {
 		usage();
+	}
+	if (opt.stop_file && opt.duration < 0) {
+		fprintf(stderr, "--stop-file needs --duration\n");
+		exit(2);
 	}
 	if (opt.count >= 0 && opt.count % opt.grouped) {
 		fprintf(stderr, "--count must be a multiple of --grouped\n");
@@ -911,6 +913,7 @@ int main(int argc, char **argv)
 	bool worked;
 	char sym[32];
 	double deadline, next_report, stop_at = 0;
+	bool stop_asked = false;
 	int ndev = 0, rc;
 
 	t0 = now_s();
@@ -973,7 +976,7 @@ int main(int argc, char **argv)
 	for (int idle = 0;; idle_nap(&idle, worked)) {
 		int finished = 0;
 		double now = now_s();
-		bool stop = opt.duration >= 0 && now >= stop_at;
+		bool stop = opt.duration >= 0 && (now >= stop_at || stop_asked);
 
 		worked = false;
 		for (int i = 0; i < opt.conns; i++) {
@@ -1009,6 +1012,11 @@ int main(int argc, char **argv)
 		if (now >= next_report) {
 			progress_line();
 			next_report = now + opt.interval_ms / 1000.0;
+			/* the caller's end of a --duration run: what it waited for has happened
+			 * (bytes moved, a fail-back), however long that took on a loaded host */
+			if (opt.stop_file && !stop_asked && access(opt.stop_file, F_OK) == 0) {
+				stop_asked = true;
+			}
 		}
 		if (now > deadline) {
 			fprintf(stderr, "harness: deadline reached\n");

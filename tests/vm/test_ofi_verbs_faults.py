@@ -1,10 +1,11 @@
 """Fault suites of the ofi lane over libfabric's verbs provider between the two Soft-RoCE guests.
 
 The netns fabric's failover suites (tests/privileged/test_failover.py) over real RDMA queue pairs:
-a silent blackhole on a rail, and escalation when every rail is down. Every byte is checked by
-the harness; 0 data errors everywhere. Runs on the session's shared boot of the
-guests (tests/vm/conftest.py). Needs root, QEMU, virtme-ng, a kernel with rxe and a built plugin
-and harness (``make ctest``); in CI a missing prerequisite fails.
+a silent blackhole on a rail, 2 of 4 rails down at once with heal and fail-back, a carrier loss
+at the sender's own end, and escalation when every rail is down. Every byte is checked by the
+harness; 0 data errors everywhere. Runs on the session's shared boot of the guests
+(tests/conftest.py). Needs root, QEMU, virtme-ng, a kernel with rxe and a built plugin and
+harness (``make ctest``); in CI a missing prerequisite fails.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from railhop_lab.vmharness import VERBS_ENV, VmHarnessRun, wait_for_bytes, wait_
 from railhop_lab.vmlab import VmLab
 
 # emulated guests on shared cores: every wait inside has its own bound (the harness runs for a
-# fixed duration; on a loaded host its set-up alone took 30 s of it)
+# fixed duration; on a loaded host its set-up alone took 30 s of it). The cases with a heal and
+# a fail-back outlasted a 150 s run on a loaded host (several labs at once): they run for up to
+# OPEN_S and end the run themselves (VmHarnessRun.finish) once every step moved its bytes.
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
 COMPLETION_S = int(VERBS_ENV["RAILHOP_COMPLETION_TIMEOUT"]) / 1000
 PROBE_S = int(VERBS_ENV["RAILHOP_PROBE_TIMEOUT"]) / 1000
+OPEN_S = 420.0
 
 
 def _cfg(duration: float = 80.0, expect_error: bool = False) -> HarnessConfig:
@@ -69,20 +73,75 @@ def test_blackhole_on_a_rail_is_found_by_the_lane(lab: VmLab, built: None) -> No
     assert "marked down" not in send + recv
 
 
+def _wait_failbacks(run: VmHarnessRun, nics: tuple[int, ...], timeout: float) -> None:
+    """Wait until the sender logged the fail-back of a connection to each of ``nics`` (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not all(f"fail-back: nic{i} -> peer NIC {i} " in _log(run, "send") for i in nics):
+        assert run.running(), f"harness exited before the fail-backs\n{_log(run, 'send')[-4000:]}"
+        assert time.monotonic() < deadline, (
+            f"no fail-back in {timeout} s\n{_log(run, 'send')[-4000:]}"
+        )
+        time.sleep(0.5)
+
+
+def test_two_of_four_rails_down_then_heal_and_fail_back(lab: VmLab, built: None) -> None:
+    """Carrier loss at the remote end of rails 0 and 1 at once: the connections on them move to
+    rails 2 and 3, every connection moves on; after the heal both fail back to their own rails
+    and traffic moves after the fail-backs; every byte checked, both exit 0."""
+    with VmHarnessRun(lab, _cfg(OPEN_S), verbose=True) as run:
+        wait_for_bytes(run, 8 * MiB, 180)
+        lab.carrier_down(0, 0, "remote")
+        lab.carrier_down(0, 1, "remote")
+        lab.wait_ports(1, {0: "DOWN", 1: "DOWN"}, 30)
+        wait_for_each_conn(run, 4 * MiB, 150)
+        lab.heal(0)
+        lab.heal(1)
+        _wait_failbacks(run, (0, 1), 150)
+        wait_for_each_conn(run, 4 * MiB, 120)  # traffic moves after the fail-backs
+        run.finish()
+        res = run.wait()
+    check_clean(res, 32 * MiB)
+    recv = _log(run, "recv")
+    for nic in (0, 1):  # the receiver lost both NICs: each lane on them failed for that
+        assert "local NIC down" in " ".join(_lane_failures(recv, nic)), recv[-4000:]
+
+
+def test_local_carrier_loss_moves_the_lane(lab: VmLab, built: None) -> None:
+    """Carrier loss at the sender's own end of rail 0 (QMP on node 0; test_rdma_lab.py has the
+    remote end): the sender's lanes on nic0 fail at once for their NIC, traffic moves to the
+    other rails, the rail heals, the connection fails back and moves on; every byte checked."""
+    with VmHarnessRun(lab, _cfg(OPEN_S), verbose=True) as run:
+        wait_for_bytes(run, 8 * MiB, 180)
+        lab.carrier_down(0, 0, "local")
+        lab.wait_ports(0, {0: "DOWN"}, 30)
+        wait_for_each_conn(run, 4 * MiB, 150)
+        lab.heal(0)
+        _wait_failbacks(run, (0,), 150)
+        wait_for_each_conn(run, 4 * MiB, 120)
+        run.finish()
+        res = run.wait()
+    check_clean(res, 24 * MiB)
+    send = _log(run, "send")
+    assert "local NIC down" in " ".join(_lane_failures(send, 0)), send[-4000:]
+    assert "NIC nic0 marked down (carrier)" in send, send[-4000:]
+
+
 def test_every_rail_down_is_a_prompt_clean_error(lab: VmLab, built: None) -> None:
     """Node 1 (the receiver) loses carrier on all four rails: no pair is left. Both processes
     report a clean request error (no data error), neither hangs, both exit 0 (--expect-error):
     the receiver at once (every local NIC down), the sender once its lanes' completion deadline,
     probe and handshakes have run out."""
-    cfg = _cfg(120.0, expect_error=True)
+    cfg = _cfg(200.0, expect_error=True)
     with VmHarnessRun(lab, cfg, verbose=True) as run:
         wait_for_bytes(run, 8 * MiB, 180)
         t_fault = time.monotonic()
         for nic in range(4):
             lab.carrier_down(0, nic, "remote")
-        # the sender's bound: completion timeout + escalation grace (2 probe timeouts), with
-        # slack for emulated time; far below the harness's own deadline
-        bound = COMPLETION_S + 2 * PROBE_S + COMPLETION_S + 30
+        # the sender's bound: completion timeout, its confirming probe, the escalation bound
+        # (a round of handshakes and the start of one re-probe: 3 probe timeouts) and the hard
+        # cap behind it for lanes in flight (2 probe timeouts), with slack for emulated time;
+        # far below the harness's own deadline
+        bound = COMPLETION_S + PROBE_S + 3 * PROBE_S + 2 * PROBE_S + 30
         deadline = t_fault + bound
         while run.running():
             assert time.monotonic() < deadline, (

@@ -321,7 +321,18 @@ static void escalate_if_stuck(struct rh_conn *c, uint64_t now)
  * failed, or NULL when none did (start_move_without_lane: the cause is the original pair). */
 static void begin_move(struct rh_conn *c, struct rh_lane *l, int err, const char *why, uint64_t now)
 {
-	c->fo.t_escalate_ms = now + (uint64_t)rh_param.COMPLETION_TIMEOUT;
+	/* The bound covers the backup pairs' first probe round (a handshake: up to 2x the probe
+	 * timeout) and the start of one complete re-probe (open_backups). With a probe timeout
+	 * above the completion timeout (the VM lab over verbs: 10 s, 8 s) it ran out before the
+	 * first round had failed: no pair was ever re-probed, and a blackhole under load gave up
+	 * connections with healthy rails left (bench/vm_failover.py: 9 of 14 rounds). Nothing
+	 * left to try still escalates at once (escalate_if_stuck). */
+	uint64_t bound = (uint64_t)rh_param.COMPLETION_TIMEOUT;
+
+	if (bound < 3 * (uint64_t)rh_param.PROBE_TIMEOUT) {
+		bound = 3 * (uint64_t)rh_param.PROBE_TIMEOUT;
+	}
+	c->fo.t_escalate_ms = now + bound;
 	c->fo.reprobes = 0;
 	c->fo.found_late = err == -ETIMEDOUT || err == -ESTALE;
 	if (!c->fo.active) {
@@ -482,6 +493,15 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		 * traffic: with no compatible pair left that is within 2x the completion timeout
 		 * of the last progress. */
 		begin_move(c, l, err, why, now);
+	}
+	/* Within a move a failed pair stays held off up to the escalation bound: only the re-probe
+	 * round tries it again. With the VM lab's timeouts its 1 s hold-off (FAILBACK_INTERVAL)
+	 * ran out while the first round of backups was in flight; when that round failed, the
+	 * ranking found the failed pair again and tried it alone, and the healthy pairs were never
+	 * re-probed (bench/vm_failover.py, a blackhole on nic0: "held off: nic0->0"). */
+	if (c->fo.active && err != -ECONNRESET && err != -EPIPE && err != -ESTALE &&
+	    c->fo.bad_until_ms[l->lnic][l->rnic] < c->fo.t_escalate_ms) {
+		c->fo.bad_until_ms[l->lnic][l->rnic] = c->fo.t_escalate_ms;
 	}
 	open_backups(c);
 	send_notify(c);
