@@ -479,15 +479,13 @@ def test_tcp_suspect_translates_through_the_port_map() -> None:
     assert daemon.reason_code("tcp suspect") == Reason.TCP
 
 
-class SlowTcpSource(FakeSource):
-    """An eBPF-like source: slow start_sync in a thread, a port map."""
-
-    name = "ebpf.tcp"
+class SlowSource(FakeSource):
+    """A source that compiles a bcc program: its start_sync blocks (in a thread) until
+    released."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
-        self.ports: dict[int, int] = {}
 
     def start_sync(self, emit: Callable[[Any], None]) -> list[Any]:
         assert self.release.wait(30)
@@ -496,6 +494,16 @@ class SlowTcpSource(FakeSource):
 
     def stop_sync(self) -> None:
         self.stopped = True
+
+
+class SlowTcpSource(SlowSource):
+    """An eBPF-like source: slow start_sync in a thread, a port map."""
+
+    name = "ebpf.tcp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ports: dict[int, int] = {}
 
     def add_port(self, port: int, remote: bool = False) -> None:
         self.ports[port] = 1
@@ -572,22 +580,10 @@ def test_agent_lanes_status_and_tcp_suspect(tmp_path: Path) -> None:
     assert slow.stopped and fake.stopped
 
 
-class SlowUsdtSource(FakeSource):
-    """The plugin's USDT probes: a bcc program too, its start blocks until released."""
+class SlowUsdtSource(SlowSource):
+    """The plugin's USDT probes: a bcc program too."""
 
     name = "usdt.plugin"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = threading.Event()
-
-    def start_sync(self, emit: Callable[[Any], None]) -> list[Any]:
-        assert self.release.wait(30)
-        self.emit = emit
-        return []
-
-    def stop_sync(self) -> None:
-        self.stopped = True
 
 
 def test_a_carrier_loss_is_acted_on_while_the_usdt_probes_still_compile(tmp_path: Path) -> None:

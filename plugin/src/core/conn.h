@@ -292,6 +292,9 @@ void rh_registry_tick(uint64_t now_ms);
 
 /* failover.c: detection, moves, RESUME, fail-back (the rh_fo_* family lives there alone) */
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why); /* locked */
+/* Lane l is down: the agent's evidence (a lane event, unless quiet: a graceful retirement),
+ * the fence, the lane_down probe; the caller decides what follows (a move, a dropped standby). */
+void rh_fo_lane_down(struct rh_conn *c, struct rh_lane *l, int err, bool quiet); /* locked */
 void rh_fo_lane_up(struct rh_conn *c, struct rh_lane *l); /* locked */
 /* A warm standby lane finished its handshake (STANDBY): a move in progress promotes it. */
 void rh_fo_standby_up(struct rh_conn *c, struct rh_lane *l); /* locked */

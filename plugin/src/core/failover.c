@@ -430,6 +430,19 @@ static void setup_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, uin
 	rh_conn_fail(c, rc, "cannot establish the connection");
 }
 
+void rh_fo_lane_down(struct rh_conn *c, struct rh_lane *l, int err, bool quiet)
+{
+	if (!quiet && !c->err && !atomic_load(&c->closed)) {
+		/* before the fence: the transport still knows the lane's ports */
+		rh_conn_lane_event(c, l,
+				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
+									 RH_EVT_LANE_ERROR,
+				   err, 0, 0);
+	}
+	rh_conn_fence_lane(c, l);
+	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
+}
+
 void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why)
 {
 	uint64_t now = rh_now_ms();
@@ -445,15 +458,7 @@ void rh_fo_lane_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 		rh_standby_failed(c, l, err, why, now);
 		return;
 	}
-	if (!graceful && !c->err && !atomic_load(&c->closed)) {
-		/* before the fence: the transport still knows the lane's ports */
-		rh_conn_lane_event(c, l,
-				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
-									 RH_EVT_LANE_ERROR,
-				   err, 0, 0);
-	}
-	rh_conn_fence_lane(c, l);
-	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
+	rh_fo_lane_down(c, l, err, graceful);
 	if (graceful || c->err || atomic_load(&c->closed)) {
 		return;
 	}

@@ -104,15 +104,7 @@ void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 					   (int)rh_param.FAILBACK_INTERVAL;
 	bool was_standby = l->state == RH_LANE_STANDBY;
 
-	if (!c->err && !atomic_load(&c->closed)) {
-		/* evidence for the agent, as any lane's failure */
-		rh_conn_lane_event(c, l,
-				   err == -ETIMEDOUT || err == -ESTALE ? RH_EVT_LANE_TIMEOUT :
-									 RH_EVT_LANE_ERROR,
-				   err, 0, 0);
-	}
-	rh_conn_fence_lane(c, l);
-	RH_PROBE4(lane_down, c->id, l->id, l->lnic, err);
+	rh_fo_lane_down(c, l, err, false); /* evidence for the agent, as any lane's failure */
 	if (c->err || atomic_load(&c->closed)) {
 		return;
 	}
