@@ -39,15 +39,13 @@ from _common import REPO, setup_import_path
 setup_import_path()
 
 from railhop_lab.harness import HarnessConfig, use_source_tree_build  # noqa: E402
-from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn  # noqa: E402
+from railhop_lab.vmharness import VERBS_LANE_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn  # noqa: E402
 from railhop_lab.vmlab import VmLab  # noqa: E402
 
 MiB = 1 << 20
 VARIANTS = {"standby": "1", "none": "0"}
 ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
+    **VERBS_LANE_ENV,
     "RAILHOP_BACKUP_LANES": "1",
 }
 _DECISION = re.compile(

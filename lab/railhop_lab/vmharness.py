@@ -8,7 +8,8 @@ plugin and the harness are the host's builds (the guests see the host's root fil
 
 :data:`VERBS_ENV` runs the ofi lane over libfabric's ``verbs`` provider on the guests' rxe
 devices, with the plugin's time limits raised for emulated time; a run's ``env`` overrides it
-(``RAILHOP_TRANSPORT=verbs``: the plugin's own verbs lane, tests/vm/test_verbs_lane.py).
+(:data:`VERBS_LANE_ENV`, ``RAILHOP_TRANSPORT=verbs``: the plugin's own verbs lane,
+tests/vm/test_verbs_lane.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ VERBS_ENV: dict[str, str] = {
     "FI_PROVIDER": "verbs",
     "RAILHOP_COMPLETION_TIMEOUT": "8000",
     "RAILHOP_PROBE_TIMEOUT": "10000",
+}
+# The plugin's own verbs lane (plugin/src/lanes/verbs/) with the same emulated-time limits.
+VERBS_LANE_ENV: dict[str, str] = {
+    "RAILHOP_TRANSPORT": "verbs",
+    "RAILHOP_COMPLETION_TIMEOUT": VERBS_ENV["RAILHOP_COMPLETION_TIMEOUT"],
+    "RAILHOP_PROBE_TIMEOUT": VERBS_ENV["RAILHOP_PROBE_TIMEOUT"],
 }
 
 _runs = itertools.count()

@@ -14,19 +14,13 @@ import pytest
 
 from conftest import check_clean
 from railhop_lab.harness import HarnessConfig
-from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
+from railhop_lab.vmharness import VERBS_LANE_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
 # the lab's boot may fall in this module's first test when it runs alone
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
-# the verbs lane, with the time limits raised for emulated time (ms)
-LANE_ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
-}
 
 
 def _logs(run: VmHarnessRun) -> dict[str, str]:
@@ -38,7 +32,7 @@ def test_verbs_lane_data_path(lab: VmLab, built: None) -> None:
     lanes really are the verbs lane's (its listeners on every NIC, no other transport)."""
     # emulated rxe under a loaded host moves 1-10 MB/s in all: a generous deadline
     cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), count=16, inflight=4, deadline=400)
-    with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, cfg, env=VERBS_LANE_ENV, verbose=True) as run:
         res = run.wait()
     check_clean(res, 4 * 16 * MiB)
     for role, log in _logs(run).items():
@@ -54,7 +48,7 @@ def test_verbs_lane_through_a_remote_carrier_loss(lab: VmLab, built: None) -> No
     rail heals, the connection fails back onto a new queue pair there and traffic keeps moving;
     every byte checked, both exit 0."""
     cfg = HarnessConfig(conns=4, sizes=(1 * MiB,), duration=150, inflight=4, deadline=400)
-    with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, cfg, env=VERBS_LANE_ENV, verbose=True) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         lab.carrier_down(0, 0, "remote")
         lab.wait_ports(1, {0: "DOWN"}, 30)
@@ -80,7 +74,7 @@ def test_verbs_lane_every_rail_down_is_a_clean_error(lab: VmLab, built: None) ->
     cfg = HarnessConfig(
         conns=2, sizes=(1 * MiB,), duration=200, inflight=4, deadline=300, expect_error=True
     )
-    with VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True, grace_s=10) as run:
+    with VmHarnessRun(lab, cfg, env=VERBS_LANE_ENV, verbose=True, grace_s=10) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         t_fault = time.monotonic() - run.started_at
         for nic in range(lab.nics):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import check_clean
 from railhop_lab.harness import HarnessConfig
-from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
+from railhop_lab.vmharness import VERBS_LANE_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
 # emulated guests on shared cores: every wait inside has its own bound
@@ -24,12 +24,6 @@ pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
 SEND, RECV = 0, 1  # the guests the harness's roles run on (VmHarnessRun's defaults)
-# the verbs lane, with the time limits raised for emulated time (ms)
-LANE_ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
-}
 
 
 def _cfg(duration: float) -> HarnessConfig:
@@ -78,7 +72,7 @@ def test_verbs_blackhole_on_a_rail_is_found_by_the_lane(lab: VmLab, built: None)
     NIC event tells anyone. The lane's completion deadline (or the queue pair's retry limit)
     fails it, the connection moves to another rail and keeps moving, the rail heals; every byte
     checked, both exit 0."""
-    with VmHarnessRun(lab, _cfg(60.0), env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, _cfg(60.0), env=VERBS_LANE_ENV, verbose=True) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         lab.blackhole(RECV, 0)
         wait_for_each_conn(run, 2 * MiB, 150)
@@ -98,7 +92,7 @@ def test_verbs_two_of_four_rails_down_then_fail_back(lab: VmLab, built: None) ->
     """The receiver's end of rails 0 and 1 loses carrier during traffic: the two connections
     there move onto rails 2 and 3 and every connection keeps moving; both rails heal and the
     sender fails back onto each (new queue pairs) while traffic goes on; every byte checked."""
-    with VmHarnessRun(lab, _cfg(90.0), env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, _cfg(90.0), env=VERBS_LANE_ENV, verbose=True) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         lab.carrier_down(SEND, 0, "remote")
         lab.carrier_down(SEND, 1, "remote")
@@ -120,7 +114,7 @@ def test_verbs_flap_then_heal(lab: VmLab, built: None) -> None:
     """The receiver's nic2 goes down, up and down again in quick succession (each state reached
     by its rxe port before the next toggle), then heals: the connection there moves, the
     others never stop, and it keeps moving after the heal; every byte checked, both exit 0."""
-    with VmHarnessRun(lab, _cfg(60.0), env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, _cfg(60.0), env=VERBS_LANE_ENV, verbose=True) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         for up in (False, True, False):
             lab.set_link(RECV, 2, up)
@@ -138,7 +132,7 @@ def test_verbs_local_carrier_loss(lab: VmLab, built: None) -> None:
     """The sender's own nic3 loses carrier (its rxe port goes down, a port event on the local
     device): the lane on it fails at once, the connection moves and keeps moving, the rail heals
     and the sender fails back onto it; every byte checked, both exit 0."""
-    with VmHarnessRun(lab, _cfg(60.0), env=LANE_ENV, verbose=True) as run:
+    with VmHarnessRun(lab, _cfg(60.0), env=VERBS_LANE_ENV, verbose=True) as run:
         wait_for_bytes(run, 4 * MiB, 240)
         lab.carrier_down(SEND, 3, "local")
         lab.wait_ports(SEND, {3: "DOWN"}, 30)

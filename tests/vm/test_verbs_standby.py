@@ -16,7 +16,7 @@ import pytest
 
 from conftest import check_clean
 from railhop_lab.harness import HarnessConfig
-from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
+from railhop_lab.vmharness import VERBS_LANE_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
 # the lab's boot may fall in this module's first test when it runs alone
@@ -24,10 +24,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
 LANE_ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    # emulated time (ms), as tests/vm/test_verbs_lane.py
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
+    **VERBS_LANE_ENV,
     "RAILHOP_STANDBY_LANES": "1",
     # the one backup a move wants is the standby: any lane the move opened would show
     "RAILHOP_BACKUP_LANES": "1",
