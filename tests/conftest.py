@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from railhop_lab.fabric import Fabric
     from railhop_lab.harness import HarnessResult
     from railhop_lab.vmlab import VmLab
 
@@ -80,11 +81,33 @@ def lab() -> Iterator[VmLab]:
         yield vm
 
 
+def fabric_fixture(
+    prefix: str, *, nodes: int = 2, nics: int = 4, rate_mbit: int, plugin: bool = True
+) -> Callable[[], Iterator[Fabric]]:
+    """A module's netns fabric (:class:`railhop_lab.fabric.Fabric`) as a module-scoped fixture,
+    named ``fab`` where the module binds it: ``fab = fabric_fixture("rhxx", rate_mbit=200)``.
+    Root is required first (module fixtures run before the per-test gate); ``plugin`` also
+    requires the plugin and harness builds (``require_built``). Each test leaves the fabric
+    healed for the next (``_healed``)."""
+    from railhop_lab.fabric import Fabric, unique_prefix
+
+    def fab() -> Iterator[Fabric]:
+        require(os.geteuid() == 0, "needs root (netns, veth, tc)")
+        if plugin:
+            require_built()
+        with Fabric(nodes=nodes, nics=nics, rate_mbit=rate_mbit, prefix=unique_prefix(prefix)) as f:
+            yield f
+
+    return pytest.fixture(scope="module", name="fab")(fab)
+
+
 @pytest.fixture(autouse=True)
 def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Heal every fault of the test's netns fabric (``fab``) or VM lab (``lab``) after it."""
     yield
-    if "lab" in request.fixturenames:
-        request.getfixturevalue("lab").heal_all()
+    for name in ("fab", "lab"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).heal_all()
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pyroute2 import NetNS, netns
 
-from conftest import require
+from conftest import fabric_fixture
 from railhop_lab.fabric import Fabric, FabricError, FaultKind, owns_netns, unique_prefix
 
 pytestmark = pytest.mark.privileged
@@ -41,18 +41,7 @@ def our_netns(prefix: str) -> list[str]:
     return sorted(n for n in netns.listnetns() if owns_netns(prefix, n))
 
 
-@pytest.fixture(scope="module")
-def fab() -> Iterator[Fabric]:
-    require(os.geteuid() == 0, "needs root (netns, veth, tc)")  # module fixtures run first
-    with Fabric(nodes=2, nics=4, rate_mbit=100, prefix=unique_prefix("rhtf")) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "fab" in request.fixturenames:
-        request.getfixturevalue("fab").heal_all()
+fab = fabric_fixture("rhtf", rate_mbit=100, plugin=False)
 
 
 def test_connectivity_every_pair(fab: Fabric) -> None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from conftest import require, require_built
+from conftest import fabric_fixture, require, require_built
 from railhop_lab import soak
-from railhop_lab.fabric import CounterSampler, Fabric, unique_prefix
+from railhop_lab.fabric import CounterSampler, Fabric
 from railhop_lab.harness import (
     HarnessConfig,
     HarnessResult,
@@ -55,17 +54,7 @@ def lanes(request: pytest.FixtureRequest) -> dict[str, str]:
     return TRANSPORTS[str(request.param)]
 
 
-@pytest.fixture(scope="module")
-def fab(built: None) -> Iterator[Fabric]:
-    with Fabric(nodes=2, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhtv")) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healed(fab: Fabric) -> Iterator[None]:
-    fab.heal_all()
-    yield
-    fab.heal_all()
+fab = fabric_fixture("rhtv", rate_mbit=RATE_MBIT)
 
 
 def cfg(duration: float, seed: int, **kw: object) -> HarnessConfig:

@@ -47,14 +47,13 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import require, until
-from railhop_lab.fabric import Fabric, in_netns, unique_prefix
+from conftest import fabric_fixture, require, until
+from railhop_lab.fabric import Fabric, in_netns
 from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
@@ -186,17 +185,7 @@ def build() -> tuple[Path, Path]:
     return asan_build()
 
 
-@pytest.fixture(scope="module")
-def fab(build: tuple[Path, Path]) -> Iterator[Fabric]:
-    with Fabric(nodes=3, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhth")) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healed(fab: Fabric) -> Iterator[None]:
-    fab.heal_all()
-    yield
-    fab.heal_all()
+fab = fabric_fixture("rhth", nodes=3, rate_mbit=RATE_MBIT, plugin=False)  # ASan builds
 
 
 ENV = {

@@ -16,17 +16,15 @@ Every byte is checked by the harness (both sides count the same messages and byt
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import require, require_built
+from conftest import fabric_fixture
 from railhop.control import (
     Backup,
     ControlPlane,
@@ -41,7 +39,7 @@ from railhop.control import (
     TableWriter,
 )
 from railhop.control.layout import TABLE_FILE
-from railhop_lab.fabric import CounterSampler, Fabric, unique_prefix
+from railhop_lab.fabric import CounterSampler, Fabric
 from railhop_lab.harness import (
     HarnessConfig,
     HarnessResult,
@@ -58,19 +56,7 @@ RATE_MBIT = 200
 NICS = [f"nic{i}" for i in range(4)]
 
 
-@pytest.fixture(scope="module")
-def fab() -> Iterator[Fabric]:
-    require(os.geteuid() == 0, "needs root (netns, veth, tc)")
-    require_built()
-    with Fabric(nodes=2, nics=4, rate_mbit=RATE_MBIT, prefix=unique_prefix("rhpa")) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healed(fab: Fabric) -> Iterator[None]:
-    fab.heal_all()
-    yield
-    fab.heal_all()
+fab = fabric_fixture("rhpa", rate_mbit=RATE_MBIT)
 
 
 def cfg(duration: float, seed: int) -> HarnessConfig:

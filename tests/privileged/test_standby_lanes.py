@@ -11,16 +11,14 @@ data never stops being checked.
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import require, require_built
-from railhop_lab.fabric import Fabric, unique_prefix
+from conftest import fabric_fixture
+from railhop_lab.fabric import Fabric
 from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
 
 pytestmark = pytest.mark.privileged
@@ -34,19 +32,7 @@ ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def fab() -> Iterator[Fabric]:
-    require(os.geteuid() == 0, "needs root (netns, veth, tc)")
-    require_built()
-    with Fabric(nodes=2, nics=3, rate_mbit=200, prefix=unique_prefix("rhsb")) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healed(fab: Fabric) -> Iterator[None]:
-    fab.heal_all()
-    yield
-    fab.heal_all()
+fab = fabric_fixture("rhsb", nics=3, rate_mbit=200)
 
 
 def cfg(seed: int) -> HarnessConfig:
