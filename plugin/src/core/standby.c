@@ -34,6 +34,8 @@ static void standby_promote(struct rh_conn *c, struct rh_lane *l, const char *wh
 	l->state = RH_LANE_ACTIVE;
 	l->t_progress_ms = 0;
 	RH_PROBE4(standby_promoted, c->id, l->id, l->lnic, l->rnic);
+	/* the agent's trace lists the lanes a move took: a standby's LANE_UP (flag promoted) */
+	rh_conn_lane_event(c, l, RH_EVT_LANE_UP, 0, 0, 0);
 	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d promoted (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why);
