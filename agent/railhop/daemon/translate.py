@@ -133,6 +133,10 @@ def health_event_from_lane(
         return health.LaneError(
             nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}", source=source
         )
+    if ev.type is EventType.LANE_UP and ev.promoted:
+        # a warm standby promoted: nothing crossed the NIC for it now (its handshake, long
+        # before, was its LANE_UP then)
+        return None
     if ev.type in (EventType.LANE_UP, EventType.FAILBACK):
         # a lane on this NIC completed its handshake / carries traffic again: the positive
         # evidence a NIC that went DOWN with its link up needs before it is offered again
