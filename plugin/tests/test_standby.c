@@ -7,7 +7,11 @@
  *  - a move promotes an eligible standby: its first frame (the FAILREQ) is handed out with no
  *    open() called; without a standby, or with none eligible, the move opens a lane as before;
  *  - a standby's own failure drops it (no move) and its replacement waits a backoff;
- *  - the accepting side keeps a standby out of its lanes until the peer sends on it.
+ *  - the accepting side keeps a standby out of its lanes until the peer sends on it;
+ *  - standbys grow on use: a connection whose standby was promoted keeps
+ *    min(used + 1, STANDBY_LANES_MAX) of them, never fewer than STANDBY_LANES;
+ *  - the agent hears of a standby twice: a LANE_UP flagged standby when it is handshaken, one
+ *    flagged promoted when it carries.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,15 +64,15 @@ static struct lane_ops fake_ops;
 /* The control plane's lane events: type, lane id and flags (RH_EVT_F_*) of each. */
 static struct {
 	int n;
-	int type[64];
-	uint32_t lane[64], flags[64];
+	int type[1024];
+	uint32_t lane[1024], flags[1024];
 } ev;
 
 static void hk_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
 			  int err, uint64_t duration_ns, const struct rh_lane_info *info)
 {
 	(void)conn_id, (void)epoch, (void)lnic, (void)err, (void)duration_ns;
-	if (ev.n < 64) {
+	if (ev.n < 1024) {
 		ev.type[ev.n] = type;
 		ev.lane[ev.n] = lane;
 		ev.flags[ev.n] = info ? info->flags : 0;
@@ -84,7 +88,8 @@ static int lane_ups(int from, uint32_t id, uint32_t *seen)
 	int n = 0;
 
 	*seen = 0;
-	for (int i = from; i < ev.n && i < 64; i++) {
+	EXPECT(ev.n <= 1024); /* every event recorded */
+	for (int i = from; i < ev.n && i < 1024; i++) {
 		if (ev.type[i] == RH_EVT_LANE_UP && ev.lane[i] == id) {
 			*seen |= ev.flags[i];
 			n++;
@@ -418,10 +423,96 @@ static void test_acceptor_keeps_standby_apart(void)
 	fixture_drop_conn(c);
 }
 
+static int count_standbys(struct rh_conn *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		n += c->lanes[i]->state == RH_LANE_STANDBY;
+	}
+	return n;
+}
+
+/* A used standby grows the count: the move's promotion counts, and once the peer sent on it
+ * (its promotion) the ticker opens min(used + 1, STANDBY_LANES_MAX) new ones. */
+static void test_standbys_grow_on_use(void)
+{
+	for (int max = 1; max <= 3; max++) {
+		struct rh_lane *p, *sb;
+		struct rh_conn *c = conn_with_standby(&p, &sb);
+		struct rh_hdr h = { .type = RH_F_ACK };
+		int opens0, want = max < 2 ? 1 : 2; /* used 1: min(2, max), at least STANDBY_LANES */
+
+		EXPECT(c && p && sb);
+		if (!c || !sb) {
+			return;
+		}
+		rh_param.STANDBY_LANES_MAX = max;
+		pthread_mutex_lock(&c->mu);
+		EXPECT_EQ(rh_standby_wanted(c), 1); /* sized small: none used yet */
+		h.conn_id = c->id;
+		h.epoch = c->epoch;
+		pthread_mutex_unlock(&c->mu);
+		rh_core_rx_ctrl(sb, &h, NULL); /* the peer's move promoted it: it carries now */
+		pthread_mutex_lock(&c->mu);
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+		EXPECT_EQ(c->fo.standby_used, 1);
+		EXPECT_EQ(rh_standby_wanted(c), want);
+		opens0 = tp.opens;
+		rh_fo_tick(c, c->fo.t_standby_next_ms - 1); /* the move's time: nothing opened */
+		EXPECT_EQ(tp.opens, opens0);
+		rh_fo_tick(c, c->fo.t_standby_next_ms);
+		EXPECT_EQ(tp.opens, opens0 + want);
+		for (int i = opens0; i < tp.opens && i < 64; i++) {
+			EXPECT((tp.open_flags[i] & RH_HELLO_F_STANDBY) != 0);
+			EXPECT(tp.open_lnic[i] != sb->lnic || tp.open_rnic[i] != sb->rnic);
+		}
+		/* handshaken, they are enough: the next look opens nothing */
+		for (int i = 0; i < c->nlanes; i++) {
+			struct rh_lane *l = c->lanes[i];
+
+			for (int k = 0; l->state == RH_LANE_OPENING && k < l->nstreams; k++) {
+				pthread_mutex_unlock(&c->mu);
+				rh_core_stream_ready(l, NULL);
+				pthread_mutex_lock(&c->mu);
+			}
+		}
+		EXPECT_EQ(count_standbys(c), want);
+		opens0 = tp.opens;
+		rh_fo_tick(c, c->fo.t_standby_next_ms);
+		EXPECT_EQ(tp.opens, opens0);
+		pthread_mutex_unlock(&c->mu);
+		fixture_drop_conn(c);
+	}
+	rh_param.STANDBY_LANES_MAX = 2;
+
+	/* a move's promotion counts too; STANDBY_LANES=0 keeps them off whatever was used */
+	{
+		struct rh_lane *p, *sb;
+		struct rh_conn *c = conn_with_standby(&p, &sb);
+
+		EXPECT(c && p && sb);
+		if (!c || !sb) {
+			return;
+		}
+		pthread_mutex_lock(&c->mu);
+		rh_fo_lane_failed(c, p, -ETIMEDOUT, "test: no progress");
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+		EXPECT_EQ(c->fo.standby_used, 1);
+		EXPECT_EQ(rh_standby_wanted(c), 2);
+		rh_param.STANDBY_LANES = 0;
+		EXPECT_EQ(rh_standby_wanted(c), 0);
+		rh_param.STANDBY_LANES = 1;
+		pthread_mutex_unlock(&c->mu);
+		fixture_drop_conn(c);
+	}
+}
+
 int main(void)
 {
 	setup();
 	rh_param.STANDBY_LANES = 1;
+	rh_param.STANDBY_LANES_MAX = 2;
 	rh_param.BACKUP_LANES = 1;
 	test_standby_opened_and_idle();
 	test_move_promotes_standby();
@@ -429,5 +520,6 @@ int main(void)
 	test_move_without_standby_opens();
 	test_standby_failure_is_no_move();
 	test_acceptor_keeps_standby_apart();
+	test_standbys_grow_on_use();
 	TEST_DONE();
 }
