@@ -30,8 +30,7 @@ static inline void fixture_peer_nics(struct rh_conn *c, int nnics)
 	}
 }
 
-static inline struct rh_conn *fixture_ready_conn(bool is_send, int nnics,
-						 struct rh_lane **primary)
+static inline struct rh_conn *fixture_ready_conn(bool is_send, int nnics, struct rh_lane **primary)
 {
 	struct rh_conn *c = rh_conn_new(is_send);
 	struct rh_lane *l;

@@ -201,7 +201,6 @@ static void setup_nics(void)
 	}
 }
 
-
 static int find_event(int from, int type)
 {
 	for (int i = from; i < ctl.n && i < 64; i++) {
@@ -1208,7 +1207,8 @@ static void test_captured_hellos(void)
 static void test_probe_replies_prove_the_key(void)
 {
 	struct rh_lane *l1, *l2;
-	struct rh_conn *peer = fixture_ready_conn(true, NNICS, &l1); /* the side that answers (its listener) */
+	struct rh_conn *peer =
+		fixture_ready_conn(true, NNICS, &l1); /* the side that answers (its listener) */
 	struct rh_conn *me = fixture_ready_conn(false, NNICS, &l2); /* the side that probes */
 	struct rh_hello h, reply, stranger;
 	struct rh_hdr hdr = { .type = RH_F_HELLO };

@@ -123,7 +123,6 @@ static void setup(void)
 	}
 }
 
-
 /* The standby lane the sender opened (the newest lane with the standby role). */
 static struct rh_lane *standby_lane(struct rh_conn *c)
 {
@@ -441,7 +440,8 @@ static void test_standbys_grow_on_use(void)
 		struct rh_lane *p, *sb;
 		struct rh_conn *c = conn_with_standby(&p, &sb);
 		struct rh_hdr h = { .type = RH_F_ACK };
-		int opens0, want = max < 2 ? 1 : 2; /* used 1: min(2, max), at least STANDBY_LANES */
+		int opens0,
+			want = max < 2 ? 1 : 2; /* used 1: min(2, max), at least STANDBY_LANES */
 
 		EXPECT(c && p && sb);
 		if (!c || !sb) {
