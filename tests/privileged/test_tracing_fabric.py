@@ -10,8 +10,9 @@ The plugin's lane events reach the agent two ways, one test each: on agent.sock 
 shares the agent's RAILHOP_RUN_DIR), or, for a plugin that cannot reach the agent, through its
 USDT probes (the USDT source on the plugin library, railhop.daemon.UsdtLaneTranslator). Either
 way the trace has the migration of the connection that used nic1 and its fail-back. Those run
-without a warm standby (the move opens its lanes); a third runs with one (agent.sock): the move
-promotes it, and the migration lists the promoted lane and says standby.
+without a warm standby (the move opens its lanes); two more run with one, each way: the move
+promotes it (the plugin's LANE_UP flagged promoted, or its standby_promoted probe), and the
+migration lists the promoted lane and says standby.
 """
 
 from __future__ import annotations
@@ -80,10 +81,8 @@ def spans_of(out: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     ("lanes_from", "standby"),
-    # (the USDT source reads no standby_promoted probe: a move onto a standby is traced
-    # through agent.sock only, docs/tracing.md)
-    [("socket", False), ("usdt", False), ("socket", True)],
-    ids=["socket", "usdt", "socket-standby"],
+    [("socket", False), ("usdt", False), ("socket", True), ("usdt", True)],
+    ids=["socket", "usdt", "socket-standby", "usdt-standby"],
 )
 def test_real_failover_is_traced_and_measured(
     fab: Fabric, tmp_path: Path, lanes_from: str, standby: bool
