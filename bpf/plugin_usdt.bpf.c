@@ -3,8 +3,8 @@
  * plugin_usdt.bpf.c - the railhop plugin's USDT probes (provider "railhop"), attached by library
  * path so every process that maps the plugin is traced (the probes have no semaphores).
  *
- * Lane state probes (lane_up, lane_down, failover_start, failover_end, failback, fair_share) go
- * to the ring buffer with up to four arguments. req_done(lane, bytes, latency_ns) is aggregated in the kernel
+ * Lane state probes (lane_up, lane_down, failover_start, failover_end, failback, fair_share,
+ * standby_promoted) go to the ring buffer with up to four arguments. req_done(lane, bytes, latency_ns) is aggregated in the kernel
  * per (pid, lane): request count, bytes and a log2 latency histogram (rh_lane_stats).
  * RH_USE_<probe>, RH_NA_<probe> (argument count) and RH_AT_<probe>_<n> (argument types) come
  * from the loader.
@@ -65,6 +65,12 @@ BPF_HASH(rh_lane_stats, struct rh_lane_key, struct rh_lane_stats, 4096);
 
 #define RH_PROBE fair_share
 #define RH_PROBE_ID RH_USDT_FAIR_SHARE
+// @railhop-include "rh_usdt_lane.c"
+#undef RH_PROBE
+#undef RH_PROBE_ID
+
+#define RH_PROBE standby_promoted
+#define RH_PROBE_ID RH_USDT_STANDBY_PROMOTED
 // @railhop-include "rh_usdt_lane.c"
 #undef RH_PROBE
 #undef RH_PROBE_ID

@@ -47,6 +47,7 @@
 #define RH_USDT_FAIR_SHARE 7
 #define RH_USDT_VERBS_WC_ERR 8 /* verbs_wc_err(qp_num, nic, status, vendor_err) */
 #define RH_USDT_VERBS_ASYNC 9 /* verbs_async(nic, event_type, qp_num, port) */
+#define RH_USDT_STANDBY_PROMOTED 10 /* standby_promoted(conn, lane, lnic, rnic) */
 
 struct rh_hdr {
 	__u64 ts_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */

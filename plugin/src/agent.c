@@ -28,6 +28,8 @@ _Static_assert((int)RH_EVT_FAILOVER_START == (int)RH_EV_FAILOVER_START,
 _Static_assert((int)RH_EVT_FAILOVER_END == (int)RH_EV_FAILOVER_END, "event type FAILOVER_END");
 _Static_assert((int)RH_EVT_FAILBACK == (int)RH_EV_FAILBACK, "event type FAILBACK");
 _Static_assert((int)RH_EVT_FAIR_SHARE == (int)RH_EV_FAIR_SHARE, "event type FAIR_SHARE");
+_Static_assert((unsigned)RH_EVT_F_STANDBY == RH_EV_F_STANDBY, "event flag STANDBY");
+_Static_assert((unsigned)RH_EVT_F_PROMOTED == RH_EV_F_PROMOTED, "event flag PROMOTED");
 
 static struct rh_ctl *ctl; /* set once by the ticker; read by any thread */
 static bool ctl_failed;
@@ -337,6 +339,7 @@ static void agent_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_
 			ev.remote_ports[i] = info->rports[i];
 		}
 		ev.bytes_replayed = info->bytes_replayed;
+		ev.flags = info->flags;
 	}
 	if (!c || __atomic_load_n(&evq_len, __ATOMIC_RELAXED) > 0 ||
 	    rh_ctl_send_event(c, &ev) == -ENOTCONN) {

@@ -317,12 +317,14 @@ int rh_params_load(void)
 	    rh_param.PROBE_TIMEOUT < 10 || rh_param.FAILBACK_INTERVAL < 10 ||
 	    rh_param.BACKUP_LANES < 1 || rh_param.BACKUP_LANES > 8 || rh_param.BACKUP_STREAMS < 1 ||
 	    rh_param.BACKUP_STREAMS > 16 || rh_param.STANDBY_LANES < 0 ||
-	    rh_param.STANDBY_LANES > 8 || rh_param.CHECKSUM < 0 || rh_param.CHECKSUM > 1 ||
+	    rh_param.STANDBY_LANES > 8 || rh_param.STANDBY_LANES_MAX < 0 ||
+	    rh_param.STANDBY_LANES_MAX > 8 || rh_param.CHECKSUM < 0 || rh_param.CHECKSUM > 1 ||
 	    rh_param.IB_TIMEOUT < 1 || rh_param.IB_TIMEOUT > 31 || rh_param.IB_RETRY_CNT < 0 ||
 	    rh_param.IB_RETRY_CNT > 7) {
 		WARN("parameter out of range (STREAMS_PER_LANE 1..16, NTHREADS 0..64, CHUNK_SIZE "
 		     "4096..64MiB, timeouts >= 10 ms, BACKUP_LANES 1..8, BACKUP_STREAMS 1..16, "
-		     "STANDBY_LANES 0..8, CHECKSUM 0|1, IB_TIMEOUT 1..31, IB_RETRY_CNT 0..7)");
+		     "STANDBY_LANES 0..8, STANDBY_LANES_MAX 0..8, CHECKSUM 0|1, IB_TIMEOUT 1..31, "
+		     "IB_RETRY_CNT 0..7)");
 		rc = -EINVAL;
 	}
 	return rc;

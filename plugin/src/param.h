@@ -59,6 +59,10 @@
 	 * pair to bring to RTS at the worst moment). 1: the first backup a move would open is  \
 	 * ready; more pairs still open as today (BACKUP_LANES). Each costs a lane's streams.   */    \
 	X(STANDBY_LANES, int, 1, "warm standby lanes per connection, 0 = off")                      \
+	/* Standbys grow on use: a connection whose moves promoted n standby lanes keeps        \
+	 * min(n + 1, STANDBY_LANES_MAX) of them (never fewer than STANDBY_LANES): one that     \
+	 * needed its standby is the likeliest to need another before its replacement is up.   */   \
+	X(STANDBY_LANES_MAX, int, 2, "warm standby lanes of a connection that used one, at most")   \
 	/* Agent rendezvous directory (health table, socket). */                                    \
 	X(RUN_DIR, str, "/run/railhop", "agent run directory")                                      \
 	/* uid the agent runs as when it is not root (0 = root): the health table and the agent   \

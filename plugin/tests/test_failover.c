@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "conn_fixture.h"
 #include "core/auth.h"
 #include "core/conn.h"
 #include "core/health.h"
@@ -200,57 +201,6 @@ static void setup_nics(void)
 	}
 }
 
-/* A new id, the chunk size and the peer's NIC table (NNICS NICs, rail 0). */
-static void peer_nics(struct rh_conn *c)
-{
-	c->id = rh_random_id();
-	c->chunk = 1u << 19;
-	c->nrnics = NNICS;
-	for (int i = 0; i < NNICS; i++) {
-		c->rnics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
-		c->rnics[i].port = htons(5000);
-		c->rnics[i].rail = 0;
-		c->rnics[i].numa = -1;
-		c->rnics[i].up = true;
-	}
-}
-
-/* A ready connection with its primary lane (local NIC 0 -> peer NIC 0) ACTIVE. */
-static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
-{
-	struct rh_conn *c = rh_conn_new(is_send);
-	struct rh_lane *l;
-
-	if (!c) {
-		return NULL;
-	}
-	peer_nics(c);
-	pthread_mutex_lock(&c->mu);
-	l = rh_conn_add_lane(c, 0, 0, 0, 2, true);
-	if (l) {
-		c->next_lane_id = 2;
-		rh_conn_open_lane(c, l, RH_HELLO_CONN, 1000);
-		l->state = RH_LANE_ACTIVE;
-		c->ready = true;
-		c->have_nonces = true; /* as after the founding hello's proven reply */
-		rh_conn_pick_ctrl_lane(c);
-	}
-	pthread_mutex_unlock(&c->mu);
-	*primary = l;
-	return c;
-}
-
-static void drop_conn(struct rh_conn *c)
-{
-	pthread_mutex_lock(&c->mu);
-	atomic_store(&c->closed, true);
-	for (int i = 0; i < c->nlanes; i++) {
-		rh_conn_fence_lane(c, c->lanes[i]);
-	}
-	pthread_mutex_unlock(&c->mu);
-	rh_core_conn_put(c);
-}
-
 static int find_event(int from, int type)
 {
 	for (int i = from; i < ctl.n && i < 64; i++) {
@@ -368,7 +318,7 @@ static void test_ids(void)
 static void test_failover_with_plan(void)
 {
 	struct rh_lane *l;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	int ev0 = ctl.n, opens0 = tp.opens, fences0 = tp.fences, e1, e2;
 
 	EXPECT(c != NULL && l != NULL);
@@ -399,13 +349,13 @@ static void test_failover_with_plan(void)
 	EXPECT_EQ(tp.open_lnic[opens0], 1); /* alone: (0, peer 1) */
 	EXPECT_EQ(tp.open_rnic[opens0], 0);
 	ctl.nplan = 0;
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_failover_standalone(void)
 {
 	struct rh_lane *l;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	int ev0 = ctl.n, opens0 = tp.opens;
 
 	EXPECT(c != NULL && l != NULL);
@@ -426,7 +376,7 @@ static void test_failover_standalone(void)
 		EXPECT(tp.open_lnic[i] != 0 || tp.open_rnic[i] != 0);
 	}
 	rh_health_set_hooks(&hooks);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* FAILOVER_END is the first request completed after the move, not the move itself; FAIR_SHARE
@@ -435,7 +385,7 @@ static void test_failover_standalone(void)
 static void test_move_timing_marks(void)
 {
 	struct rh_lane *l, *b = NULL;
-	struct rh_conn *c = ready_conn(false, &l);
+	struct rh_conn *c = fixture_ready_conn(false, NNICS, &l);
 	struct timespec pause = { .tv_nsec = 2000000 };
 	uint64_t deadline;
 	int e_end, e_fair = -1;
@@ -485,7 +435,7 @@ static void test_move_timing_marks(void)
 	EXPECT(e_fair > e_end && ctl.dur[e_fair] >= ctl.dur[e_end]);
 	EXPECT(!c->fo.await_fair);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* Soak seed 30855: past the escalation bound with no ACTIVE lane, but one lane's confirming
@@ -495,7 +445,7 @@ static void test_move_timing_marks(void)
 static struct rh_conn *conn_with_lanes_in_flight(struct rh_lane **suspect, struct rh_lane **opening)
 {
 	struct rh_lane *l, *b[RH_MAX_LANES];
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	int nb = 0;
 
 	if (!c || !l) {
@@ -547,7 +497,7 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	rh_fo_tick(c, rh_now_ms());
 	EXPECT_EQ(c->err, 0);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 
 	/* The same lanes past the hard cap behind their deadlines: a clean error, no hang. */
 	c = conn_with_lanes_in_flight(&s, &o);
@@ -560,7 +510,7 @@ static void test_escalation_waits_for_lanes_in_flight(void)
 	rh_fo_tick(c, rh_now_ms());
 	EXPECT_EQ(c->err, -EHOSTUNREACH);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* Outside a move (its RESUME done), a lane failing while it opens (a fail-back's) with every
@@ -576,7 +526,7 @@ static void test_no_escalation_outside_a_move_with_lanes_in_flight(void)
 	EXPECT(c != NULL && s != NULL && o != NULL);
 	if (!c || !s || !o) {
 		if (c) {
-			drop_conn(c);
+			fixture_drop_conn(c);
 		}
 		return;
 	}
@@ -591,7 +541,7 @@ static void test_no_escalation_outside_a_move_with_lanes_in_flight(void)
 	EXPECT_EQ(c->err, 0);
 	EXPECT(c->fo.active);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* Nothing left after a failure: every candidate pair opens at once. Found by the completion
@@ -602,7 +552,7 @@ static void test_no_escalation_outside_a_move_with_lanes_in_flight(void)
 static void escalation_round_deadlines(int err, uint64_t want_ms)
 {
 	struct rh_lane *l = NULL;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	uint64_t t0;
 	int opened = 0;
 
@@ -625,7 +575,7 @@ static void escalation_round_deadlines(int err, uint64_t want_ms)
 	EXPECT(opened >= 2); /* every other pair at once */
 	EXPECT_EQ(c->err, 0);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_escalation_round_deadlines(void)
@@ -676,7 +626,7 @@ static void test_escalation_bound_covers_a_reprobe(void)
 
 	rh_param.COMPLETION_TIMEOUT = 8000;
 	rh_param.PROBE_TIMEOUT = 10000;
-	c = ready_conn(true, &l);
+	c = fixture_ready_conn(true, NNICS, &l);
 	EXPECT(c != NULL && l != NULL);
 	if (!c || !l) {
 		goto out;
@@ -694,7 +644,7 @@ static void test_escalation_bound_covers_a_reprobe(void)
 	EXPECT(fail_round(c, (uint64_t)rh_param.PROBE_TIMEOUT + 50) >= 1);
 	EXPECT_EQ(c->err, -EHOSTUNREACH);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 out:
 	rh_param.COMPLETION_TIMEOUT = ct;
 	rh_param.PROBE_TIMEOUT = pt;
@@ -719,7 +669,7 @@ static int lane_state_of(struct rh_conn *c, uint32_t id)
 static void test_answered_handshake_keeps_its_deadline(void)
 {
 	struct rh_lane *l = NULL, *ans = NULL, *half = NULL, *silent = NULL;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	uint64_t t0, probe = (uint64_t)rh_param.PROBE_TIMEOUT;
 	uint32_t ans_id, half_id, silent_id;
 
@@ -747,7 +697,7 @@ static void test_answered_handshake_keeps_its_deadline(void)
 	EXPECT(ans != NULL && half != NULL && silent != NULL);
 	if (!ans || !half || !silent) {
 		pthread_mutex_unlock(&c->mu);
-		drop_conn(c);
+		fixture_drop_conn(c);
 		return;
 	}
 	ans_id = ans->id;
@@ -778,7 +728,7 @@ static void test_answered_handshake_keeps_its_deadline(void)
 	EXPECT_EQ(lane_state_of(c, half_id), RH_LANE_DEAD);
 	EXPECT_EQ(lane_state_of(c, ans_id), RH_LANE_ACTIVE);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* The escalation's WARN detail (soak seed 30855: a never-faulted rail was given up and the log
@@ -792,7 +742,7 @@ static void test_stuck_report(void)
 	size_t n;
 
 	rh_nic_set_health(2, false);
-	c = ready_conn(true, &l);
+	c = fixture_ready_conn(true, NNICS, &l);
 	EXPECT(c != NULL && l != NULL);
 	if (!c || !l) {
 		rh_nic_set_health(2, true);
@@ -814,7 +764,7 @@ static void test_stuck_report(void)
 	n = rh_fo_stuck_report(c, rh_now_ms(), buf, 16);
 	EXPECT(n < 16 && strlen(buf) == n);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 	rh_nic_set_health(2, true);
 }
 
@@ -830,7 +780,7 @@ static void test_stuck_report(void)
 static void test_lost_failback_reactivates_retired_lanes(void)
 {
 	struct rh_lane *l, *b, *p2;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	struct rh_resume *r = calloc(1, sizeof(*r));
 	uint8_t buf[512];
 	struct rh_hdr h = { .type = RH_F_RESUME };
@@ -892,7 +842,7 @@ static void test_lost_failback_reactivates_retired_lanes(void)
 	}
 	pthread_mutex_unlock(&c->mu);
 	free(r);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* Every wait has a bound: a sender whose lanes are all gone without a failover of its own (the
@@ -901,7 +851,7 @@ static void test_lost_failback_reactivates_retired_lanes(void)
 static void test_no_lane_left_starts_a_move(void)
 {
 	struct rh_lane *l;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	int opens0 = tp.opens;
 
 	EXPECT(c != NULL && l != NULL);
@@ -924,13 +874,13 @@ static void test_no_lane_left_starts_a_move(void)
 	EXPECT_EQ(c->err, 0);
 	c->sreqs[0].used = false;
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_ranking_ignores_stray_lane(void)
 {
 	struct rh_lane *l, *stray;
-	struct rh_conn *c = ready_conn(true, &l);
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, &l);
 	int opens0 = tp.opens;
 
 	EXPECT(c != NULL && l != NULL);
@@ -960,7 +910,7 @@ static void test_ranking_ignores_stray_lane(void)
 		stray->rnic = 0;
 	}
 	rh_health_set_hooks(&hooks);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* --- health.c --- */
@@ -968,7 +918,7 @@ static void test_ranking_ignores_stray_lane(void)
 static void test_nic_health(void)
 {
 	struct rh_lane *l;
-	struct rh_conn *c = ready_conn(false, &l);
+	struct rh_conn *c = fixture_ready_conn(false, NNICS, &l);
 	int ev0 = ctl.n, opens0 = tp.opens, e;
 
 	EXPECT(c != NULL && l != NULL);
@@ -1011,7 +961,7 @@ static void test_nic_health(void)
 	rh_g.conns = c->gnext;
 	c->registered = false;
 	pthread_mutex_unlock(&rh_g.mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* --- set-up retries (issue 29, 9) --- */
@@ -1021,7 +971,7 @@ static struct rh_conn *setup_conn(int deadline_ms)
 {
 	struct rh_conn *c = rh_conn_new(true);
 
-	peer_nics(c);
+	fixture_peer_nics(c, NNICS);
 	c->t_connect_deadline_ms = rh_now_ms() + (uint64_t)deadline_ms;
 	return c;
 }
@@ -1081,7 +1031,7 @@ static void test_setup_retries_transient_errors(void)
 	l = tick_until_opening(c, 8000);
 	EXPECT(l != NULL);
 	EXPECT_EQ(c->err, 0);
-	drop_conn(c);
+	fixture_drop_conn(c);
 
 	/* a transient error past the deadline fails the connection with that error */
 	c = setup_conn(300);
@@ -1092,7 +1042,7 @@ static void test_setup_retries_transient_errors(void)
 	EXPECT_EQ(rc, 0);
 	EXPECT(tick_until_opening(c, 3000) == NULL);
 	EXPECT_EQ(c->err, -EHOSTUNREACH);
-	drop_conn(c);
+	fixture_drop_conn(c);
 
 	/* an error that is not transient fails at once, as before */
 	c = setup_conn(10000);
@@ -1104,7 +1054,7 @@ static void test_setup_retries_transient_errors(void)
 	EXPECT_EQ(rc, -EACCES);
 	EXPECT(!rh_fo_transient_setup_err(-EACCES) && rh_fo_transient_setup_err(-EHOSTUNREACH));
 	tp.fail_opens = 0;
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* --- handshake.c: what a captured hello can still do (issue 29, 3) --- */
@@ -1181,7 +1131,7 @@ static void forget_conn(struct rh_conn *c, int refs)
 	while (refs-- > 0) {
 		rh_core_conn_put(c);
 	}
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_captured_hellos(void)
@@ -1257,8 +1207,9 @@ static void test_captured_hellos(void)
 static void test_probe_replies_prove_the_key(void)
 {
 	struct rh_lane *l1, *l2;
-	struct rh_conn *peer = ready_conn(true, &l1); /* the side that answers (its listener) */
-	struct rh_conn *me = ready_conn(false, &l2); /* the side that probes */
+	struct rh_conn *peer =
+		fixture_ready_conn(true, NNICS, &l1); /* the side that answers (its listener) */
+	struct rh_conn *me = fixture_ready_conn(false, NNICS, &l2); /* the side that probes */
 	struct rh_hello h, reply, stranger;
 	struct rh_hdr hdr = { .type = RH_F_HELLO };
 	uint64_t id, cookie = rh_random_id();
@@ -1300,8 +1251,8 @@ static void test_probe_replies_prove_the_key(void)
 	rh_g.conns = peer->gnext;
 	peer->registered = false;
 	pthread_mutex_unlock(&rh_g.mu);
-	drop_conn(peer);
-	drop_conn(me);
+	fixture_drop_conn(peer);
+	fixture_drop_conn(me);
 }
 
 int main(void)

@@ -7,7 +7,11 @@
  *  - a move promotes an eligible standby: its first frame (the FAILREQ) is handed out with no
  *    open() called; without a standby, or with none eligible, the move opens a lane as before;
  *  - a standby's own failure drops it (no move) and its replacement waits a backoff;
- *  - the accepting side keeps a standby out of its lanes until the peer sends on it.
+ *  - the accepting side keeps a standby out of its lanes until the peer sends on it;
+ *  - standbys grow on use: a connection whose standby was promoted keeps
+ *    min(used + 1, STANDBY_LANES_MAX) of them, never fewer than STANDBY_LANES;
+ *  - the agent hears of a standby twice: a LANE_UP flagged standby when it is handshaken, one
+ *    flagged promoted when it carries.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "conn_fixture.h"
 #include "core/conn.h"
 #include "core/health.h"
 #include "core/wire.h"
@@ -56,6 +61,43 @@ static void fk_fence(struct rh_lane *lane)
 
 static struct lane_ops fake_ops;
 
+/* The control plane's lane events: type, lane id and flags (RH_EVT_F_*) of each. */
+static struct {
+	int n;
+	int type[1024];
+	uint32_t lane[1024], flags[1024];
+} ev;
+
+static void hk_lane_event(int type, uint64_t conn_id, uint32_t epoch, uint32_t lane, int lnic,
+			  int err, uint64_t duration_ns, const struct rh_lane_info *info)
+{
+	(void)conn_id, (void)epoch, (void)lnic, (void)err, (void)duration_ns;
+	if (ev.n < 1024) {
+		ev.type[ev.n] = type;
+		ev.lane[ev.n] = lane;
+		ev.flags[ev.n] = info ? info->flags : 0;
+	}
+	ev.n++;
+}
+
+static const struct rh_ctl_hooks hooks = { .lane_event = hk_lane_event };
+
+/* The flags of the LANE_UPs of lane id from event index from on, or'ed into *seen; how many. */
+static int lane_ups(int from, uint32_t id, uint32_t *seen)
+{
+	int n = 0;
+
+	*seen = 0;
+	EXPECT(ev.n <= 1024); /* every event recorded */
+	for (int i = from; i < ev.n && i < 1024; i++) {
+		if (ev.type[i] == RH_EVT_LANE_UP && ev.lane[i] == id) {
+			*seen |= ev.flags[i];
+			n++;
+		}
+	}
+	return n;
+}
+
 #define NNICS 3
 
 static void setup(void)
@@ -67,6 +109,7 @@ static void setup(void)
 	fake_ops.fence = fk_fence;
 	rh_g.nnics = NNICS;
 	EXPECT_EQ(rh_core_register_ops(&fake_ops), 0);
+	rh_health_set_hooks(&hooks);
 	for (int i = 0; i < NNICS; i++) {
 		struct rh_nic *n = &rh_g.nics[i];
 
@@ -78,54 +121,6 @@ static void setup(void)
 		n->up = true;
 		fk_listen(i);
 	}
-}
-
-/* A ready connection (peer with NNICS NICs, rail 0), primary lane 0 -> 0 ACTIVE. */
-static struct rh_conn *ready_conn(bool is_send, struct rh_lane **primary)
-{
-	struct rh_conn *c = rh_conn_new(is_send);
-	struct rh_lane *l;
-
-	if (!c) {
-		return NULL;
-	}
-	c->id = rh_random_id();
-	c->nrnics = NNICS;
-	for (int i = 0; i < NNICS; i++) {
-		c->rnics[i].ipv4 = htonl(0x0a000101u + (uint32_t)i);
-		c->rnics[i].port = htons(5000);
-		c->rnics[i].rail = 0;
-		c->rnics[i].numa = -1;
-		c->rnics[i].up = true;
-	}
-	pthread_mutex_lock(&c->mu);
-	l = rh_conn_add_lane(c, is_send ? 0 : 1, 0, 0, 2, is_send);
-	if (l) {
-		c->next_lane_id = is_send ? 2 : 3;
-		if (is_send) {
-			rh_conn_open_lane(c, l, RH_HELLO_CONN, 1000);
-		} else {
-			l->tp = calloc(1, sizeof(struct rh_lane_streams));
-		}
-		l->state = RH_LANE_ACTIVE;
-		c->ready = true;
-		c->have_nonces = true; /* as after the founding hello's proven reply */
-		rh_conn_pick_ctrl_lane(c);
-	}
-	pthread_mutex_unlock(&c->mu);
-	*primary = l;
-	return c;
-}
-
-static void drop_conn(struct rh_conn *c)
-{
-	pthread_mutex_lock(&c->mu);
-	atomic_store(&c->closed, true);
-	for (int i = 0; i < c->nlanes; i++) {
-		rh_conn_fence_lane(c, c->lanes[i]);
-	}
-	pthread_mutex_unlock(&c->mu);
-	rh_core_conn_put(c);
 }
 
 /* The standby lane the sender opened (the newest lane with the standby role). */
@@ -145,8 +140,9 @@ static struct rh_lane *standby_lane(struct rh_conn *c)
 /* A sender with its standby opened by the ticker and handshaken (every stream ready). */
 static struct rh_conn *conn_with_standby(struct rh_lane **primary, struct rh_lane **sb)
 {
-	struct rh_conn *c = ready_conn(true, primary);
-	int opens0 = tp.opens;
+	struct rh_conn *c = fixture_ready_conn(true, NNICS, primary);
+	int opens0 = tp.opens, ev0;
+	uint32_t flags;
 
 	*sb = NULL;
 	if (!c) {
@@ -164,10 +160,14 @@ static struct rh_conn *conn_with_standby(struct rh_lane **primary, struct rh_lan
 	EXPECT((tp.open_flags[opens0] & RH_HELLO_F_STANDBY) != 0); /* the peer is told */
 	EXPECT((*sb)->lnic != 0 || (*sb)->rnic != 0); /* never the primary's pair */
 	EXPECT_EQ((*sb)->state, RH_LANE_OPENING);
+	ev0 = ev.n;
 	for (int i = 0; i < (*sb)->nstreams; i++) {
 		rh_core_stream_ready(*sb, NULL);
 	}
 	EXPECT_EQ((*sb)->state, RH_LANE_STANDBY);
+	/* the agent hears of it as a standby: up, carrying nothing */
+	EXPECT_EQ(lane_ups(ev0, (*sb)->id, &flags), 1);
+	EXPECT_EQ(flags, (uint32_t)RH_EVT_F_STANDBY);
 	return c;
 }
 
@@ -193,7 +193,7 @@ static void test_standby_opened_and_idle(void)
 	pthread_mutex_unlock(&c->mu);
 	EXPECT_EQ(rh_core_next_tx(sb, 0, buf, sizeof(buf), &tx), 0); /* carries nothing */
 	EXPECT_EQ(rh_core_next_tx(p, 0, buf, sizeof(buf), &tx), 1);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_move_promotes_standby(void)
@@ -203,7 +203,8 @@ static void test_move_promotes_standby(void)
 	uint8_t buf[256];
 	struct rh_tx tx;
 	struct rh_hdr h;
-	int opens0 = tp.opens;
+	int opens0 = tp.opens, ev0 = ev.n;
+	uint32_t flags;
 	size_t len0;
 
 	EXPECT(c && p && sb);
@@ -214,6 +215,9 @@ static void test_move_promotes_standby(void)
 	rh_fo_lane_failed(c, p, -ETIMEDOUT, "test: no progress");
 	EXPECT(c->fo.active);
 	EXPECT_EQ(sb->state, RH_LANE_ACTIVE); /* promoted */
+	/* the agent's trace lists it among the lanes the move took: a LANE_UP, promoted */
+	EXPECT_EQ(lane_ups(ev0, sb->id, &flags), 1);
+	EXPECT_EQ(flags, (uint32_t)(RH_EVT_F_STANDBY | RH_EVT_F_PROMOTED));
 	EXPECT(c->ctrl_lane == sb);
 	EXPECT(sb->await_post);
 	EXPECT_EQ(tp.opens, opens0); /* no transport open: BACKUP_LANES is 1 and it is there */
@@ -237,7 +241,7 @@ static void test_move_promotes_standby(void)
 	rh_fo_tick(c, rh_now_ms() + 500); /* sent, unanswered (300 ms): sent again */
 	EXPECT(c->ctrl_len > 0);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* A promoted standby skipped its handshake: with nothing from the peer by the handshake's
@@ -282,7 +286,7 @@ static void test_promoted_standby_must_be_answered(void)
 			}
 		}
 		pthread_mutex_unlock(&c->mu);
-		drop_conn(c);
+		fixture_drop_conn(c);
 	}
 }
 
@@ -294,7 +298,7 @@ static void test_move_without_standby_opens(void)
 	int opens0;
 
 	rh_param.STANDBY_LANES = 0;
-	c = ready_conn(true, &p);
+	c = fixture_ready_conn(true, NNICS, &p);
 	EXPECT(c && p);
 	if (c) {
 		opens0 = tp.opens;
@@ -305,7 +309,7 @@ static void test_move_without_standby_opens(void)
 		EXPECT(tp.opens > opens0); /* a lane opened for the move */
 		EXPECT(standby_lane(c) == NULL);
 		pthread_mutex_unlock(&c->mu);
-		drop_conn(c);
+		fixture_drop_conn(c);
 	}
 	rh_param.STANDBY_LANES = 1;
 
@@ -325,7 +329,7 @@ static void test_move_without_standby_opens(void)
 		EXPECT((tp.open_flags[i] & RH_HELLO_F_STANDBY) == 0);
 	}
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 static void test_standby_failure_is_no_move(void)
@@ -370,7 +374,7 @@ static void test_standby_failure_is_no_move(void)
 	EXPECT(tp.open_lnic[opens0] != slnic || tp.open_rnic[opens0] != srnic);
 	EXPECT((tp.open_flags[opens0] & RH_HELLO_F_STANDBY) != 0);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
 }
 
 /* The accepting side: a lane accepted with the standby role is no data lane and not the
@@ -378,8 +382,10 @@ static void test_standby_failure_is_no_move(void)
 static void test_acceptor_keeps_standby_apart(void)
 {
 	struct rh_lane *p, *sb;
-	struct rh_conn *c = ready_conn(false, &p);
+	struct rh_conn *c = fixture_ready_conn(false, NNICS, &p);
 	struct rh_hdr h = { .type = RH_F_ACK }; /* ignored by a receiver once read */
+	uint32_t flags;
+	int ev0;
 
 	EXPECT(c && p);
 	if (!c) {
@@ -394,7 +400,7 @@ static void test_acceptor_keeps_standby_apart(void)
 	}
 	pthread_mutex_unlock(&c->mu);
 	if (!sb) {
-		drop_conn(c);
+		fixture_drop_conn(c);
 		return;
 	}
 	rh_core_stream_ready(sb, NULL);
@@ -405,18 +411,108 @@ static void test_acceptor_keeps_standby_apart(void)
 	h.conn_id = c->id;
 	h.epoch = c->epoch;
 	pthread_mutex_unlock(&c->mu);
+	ev0 = ev.n;
 	rh_core_rx_ctrl(sb, &h, NULL);
 	pthread_mutex_lock(&c->mu);
 	EXPECT_EQ(sb->state, RH_LANE_ACTIVE); /* the peer promoted it */
+	EXPECT_EQ(lane_ups(ev0, sb->id, &flags), 1);
+	EXPECT_EQ(flags, (uint32_t)(RH_EVT_F_STANDBY | RH_EVT_F_PROMOTED));
 	EXPECT_EQ(rh_conn_active_lanes(c), 2);
 	pthread_mutex_unlock(&c->mu);
-	drop_conn(c);
+	fixture_drop_conn(c);
+}
+
+static int count_standbys(struct rh_conn *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->nlanes; i++) {
+		n += c->lanes[i]->state == RH_LANE_STANDBY;
+	}
+	return n;
+}
+
+/* A used standby grows the count: the move's promotion counts, and once the peer sent on it
+ * (its promotion) the ticker opens min(used + 1, STANDBY_LANES_MAX) new ones. */
+static void test_standbys_grow_on_use(void)
+{
+	for (int max = 1; max <= 3; max++) {
+		struct rh_lane *p, *sb;
+		struct rh_conn *c = conn_with_standby(&p, &sb);
+		struct rh_hdr h = { .type = RH_F_ACK };
+		int opens0,
+			want = max < 2 ? 1 : 2; /* used 1: min(2, max), at least STANDBY_LANES */
+
+		EXPECT(c && p && sb);
+		if (!c || !sb) {
+			return;
+		}
+		rh_param.STANDBY_LANES_MAX = max;
+		pthread_mutex_lock(&c->mu);
+		EXPECT_EQ(rh_standby_wanted(c), 1); /* sized small: none used yet */
+		h.conn_id = c->id;
+		h.epoch = c->epoch;
+		pthread_mutex_unlock(&c->mu);
+		rh_core_rx_ctrl(sb, &h, NULL); /* the peer's move promoted it: it carries now */
+		pthread_mutex_lock(&c->mu);
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+		EXPECT_EQ(c->fo.standby_used, 1);
+		EXPECT_EQ(rh_standby_wanted(c), want);
+		opens0 = tp.opens;
+		rh_fo_tick(c, c->fo.t_standby_next_ms - 1); /* the move's time: nothing opened */
+		EXPECT_EQ(tp.opens, opens0);
+		rh_fo_tick(c, c->fo.t_standby_next_ms);
+		EXPECT_EQ(tp.opens, opens0 + want);
+		for (int i = opens0; i < tp.opens && i < 64; i++) {
+			EXPECT((tp.open_flags[i] & RH_HELLO_F_STANDBY) != 0);
+			EXPECT(tp.open_lnic[i] != sb->lnic || tp.open_rnic[i] != sb->rnic);
+		}
+		/* handshaken, they are enough: the next look opens nothing */
+		for (int i = 0; i < c->nlanes; i++) {
+			struct rh_lane *l = c->lanes[i];
+
+			for (int k = 0; l->state == RH_LANE_OPENING && k < l->nstreams; k++) {
+				pthread_mutex_unlock(&c->mu);
+				rh_core_stream_ready(l, NULL);
+				pthread_mutex_lock(&c->mu);
+			}
+		}
+		EXPECT_EQ(count_standbys(c), want);
+		opens0 = tp.opens;
+		rh_fo_tick(c, c->fo.t_standby_next_ms);
+		EXPECT_EQ(tp.opens, opens0);
+		pthread_mutex_unlock(&c->mu);
+		fixture_drop_conn(c);
+	}
+	rh_param.STANDBY_LANES_MAX = 2;
+
+	/* a move's promotion counts too; STANDBY_LANES=0 keeps them off whatever was used */
+	{
+		struct rh_lane *p, *sb;
+		struct rh_conn *c = conn_with_standby(&p, &sb);
+
+		EXPECT(c && p && sb);
+		if (!c || !sb) {
+			return;
+		}
+		pthread_mutex_lock(&c->mu);
+		rh_fo_lane_failed(c, p, -ETIMEDOUT, "test: no progress");
+		EXPECT_EQ(sb->state, RH_LANE_ACTIVE);
+		EXPECT_EQ(c->fo.standby_used, 1);
+		EXPECT_EQ(rh_standby_wanted(c), 2);
+		rh_param.STANDBY_LANES = 0;
+		EXPECT_EQ(rh_standby_wanted(c), 0);
+		rh_param.STANDBY_LANES = 1;
+		pthread_mutex_unlock(&c->mu);
+		fixture_drop_conn(c);
+	}
 }
 
 int main(void)
 {
 	setup();
 	rh_param.STANDBY_LANES = 1;
+	rh_param.STANDBY_LANES_MAX = 2;
 	rh_param.BACKUP_LANES = 1;
 	test_standby_opened_and_idle();
 	test_move_promotes_standby();
@@ -424,5 +520,6 @@ int main(void)
 	test_move_without_standby_opens();
 	test_standby_failure_is_no_move();
 	test_acceptor_keeps_standby_apart();
+	test_standbys_grow_on_use();
 	TEST_DONE();
 }

@@ -35,6 +35,8 @@ void rh_failover_end(int conn, int lane, int64_t ns)
 void rh_failback(int conn, int lane) { DTRACE_PROBE2(railhop, failback, conn, lane); }
 void rh_fair_share(int conn, int epoch, int64_t ns, uint64_t rate)
 { DTRACE_PROBE4(railhop, fair_share, conn, epoch, ns, rate); }
+void rh_standby_promoted(int conn, int lane, int lnic, int rnic)
+{ DTRACE_PROBE4(railhop, standby_promoted, conn, lane, lnic, rnic); }
 void rh_req_done(int lane, uint64_t bytes, uint64_t lat)
 { DTRACE_PROBE3(railhop, req_done, lane, bytes, lat); }
 """
@@ -52,6 +54,7 @@ lib.rh_failover_start(7, 1)
 lib.rh_failover_end(7, 3, 123456789)
 lib.rh_failback(7, 1)
 lib.rh_fair_share(7, 3, 234567890, 1000000)
+lib.rh_standby_promoted(7, 4, 2, 3)
 for k in range(1000):
     lib.rh_req_done(k % 4, 4096 + k, 1000 * (k % 50 + 1))
 print("done", flush=True)
@@ -109,7 +112,7 @@ def test_usdt_lane_events_and_completion_totals(fake_lib: Path) -> None:
         }
         assert all(v.run_time_ns > 0 for v in runs.values()), runs
         assert out.stdout.strip() == "done"
-        assert _wait(lambda: len(events) >= 6, 5.0), events
+        assert _wait(lambda: len(events) >= 7, 5.0), events
         lane = [e for e in events if isinstance(e, PluginLaneEvent)]
         got = [(e.probe, e.args) for e in lane]
         assert got == [
@@ -119,6 +122,7 @@ def test_usdt_lane_events_and_completion_totals(fake_lib: Path) -> None:
             ("failover_end", (7, 3, 123456789, 0)),
             ("failback", (7, 1, 0, 0)),
             ("fair_share", (7, 3, 234567890, 1000000)),
+            ("standby_promoted", (7, 4, 2, 3)),
         ]
         assert len({e.pid for e in lane}) == 1 and lane[0].pid != os.getpid()
         ts = [e.ts_ns for e in lane]

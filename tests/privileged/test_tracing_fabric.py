@@ -9,7 +9,10 @@ link, and checks the trace the receiver decoded: span tree, attributes, timings.
 The plugin's lane events reach the agent two ways, one test each: on agent.sock (the plugin
 shares the agent's RAILHOP_RUN_DIR), or, for a plugin that cannot reach the agent, through its
 USDT probes (the USDT source on the plugin library, railhop.daemon.UsdtLaneTranslator). Either
-way the trace has the migration of the connection that used nic1 and its fail-back.
+way the trace has the migration of the connection that used nic1 and its fail-back. Those run
+without a warm standby (the move opens its lanes); two more run with one, each way: the move
+promotes it (the plugin's LANE_UP flagged promoted, or its standby_promoted probe), and the
+migration lists the promoted lane and says standby.
 """
 
 from __future__ import annotations
@@ -76,8 +79,14 @@ def spans_of(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
 
 
-@pytest.mark.parametrize("lanes_from", ["socket", "usdt"])
-def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes_from: str) -> None:
+@pytest.mark.parametrize(
+    ("lanes_from", "standby"),
+    [("socket", False), ("usdt", False), ("socket", True), ("usdt", True)],
+    ids=["socket", "usdt", "socket-standby", "usdt-standby"],
+)
+def test_real_failover_is_traced_and_measured(
+    fab: Fabric, tmp_path: Path, lanes_from: str, standby: bool
+) -> None:
     work = tmp_path / "work"
     # socket: node 0's processes get work/run-node0 as RAILHOP_RUN_DIR (HarnessRun), the
     # agent's; usdt: the plugin cannot reach this agent
@@ -131,10 +140,10 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert m0['railhop_nic_state{device="nic1",state="up"}'] == 1
 
         cfg = HarnessConfig(conns=4, sizes=(MiB, 4096), duration=9.0, deadline=40.0, seed=8)
-        # no warm standby: this trace is of a move that opens its lanes (a move onto a standby
-        # opens none, and its migration span then lists no new lane: the standby came up
-        # before the move; test_standby_lanes.py covers that move)
-        with HarnessRun(fab, cfg, workdir=work, env={"RAILHOP_STANDBY_LANES": "0"}) as run:
+        # without a warm standby the move opens its lanes; with one it promotes the standby
+        # (no handshake), which the plugin reports as a LANE_UP flagged promoted
+        lanes_env = {"RAILHOP_STANDBY_LANES": "1" if standby else "0"}
+        with HarnessRun(fab, cfg, workdir=work, env=lanes_env) as run:
             wait_for_bytes(run, 16 * MiB, timeout=20)
             wall0 = time.time_ns()
             fab.carrier_down(0, FAILED_NIC, end="remote")
@@ -236,6 +245,10 @@ def test_real_failover_is_traced_and_measured(fab: Fabric, tmp_path: Path, lanes
         assert ma["railhop.migration.outcome"] == "resumed"
         assert ma["railhop.migration.new_lanes"], ma
         assert not any(x.startswith("nic1") for x in ma["railhop.migration.new_lanes"])
+        # the sender moved onto its warm standby (promoted, listed), or opened its lanes
+        assert ma["railhop.migration.standby"] is standby, ma
+        promoted = [e for e in mig.get("events", []) if e["name"] == "standby promoted"]
+        assert bool(promoted) is standby, mig.get("events")
         assert wall0 - 50_000_000 <= mig["start"] <= mig["end"] < fb["start"]
         assert ra["railhop.failover.connections"] == 1
         assert fb["attributes"]["railhop.failback.connections"] == 1

@@ -21,6 +21,7 @@ import pytest
 from railhop import daemon, health
 from railhop.control import (
     Distance,
+    EventFlag,
     EventType,
     LaneEvent,
     NicState,
@@ -76,6 +77,15 @@ def test_source_events_translate_to_health_events() -> None:
     # a lane coming up / failing back on a NIC is positive evidence: a probe that passed
     up = LaneEvent(EventType.LANE_UP, pid=9, nic="ibp93s0", t_ns=t)
     assert daemon.health_event_from_lane(up, alias) == health.ProbeOk("ibp93s0", 5.0)
+    # a warm standby's promotion is no new evidence: nothing crossed the NIC for it
+    promoted = LaneEvent(
+        EventType.LANE_UP,
+        pid=9,
+        nic="ibp93s0",
+        t_ns=t,
+        flags=int(EventFlag.STANDBY | EventFlag.PROMOTED),
+    )
+    assert daemon.health_event_from_lane(promoted, alias) is None
     back = LaneEvent(EventType.FAILBACK, pid=9, nic="mlx5_3", t_ns=t)
     assert daemon.health_event_from_lane(back, alias) == health.ProbeOk("ibp93s0", 5.0)
     end = LaneEvent(EventType.FAILOVER_END, pid=9, nic="ibp93s0", t_ns=t)
@@ -405,6 +415,7 @@ def lane(
     t_ns: int = 1,
     error: int = 0,
     duration_ns: int = 0,
+    flags: int = 0,
 ) -> LaneEvent:
     return LaneEvent(
         etype,
@@ -415,6 +426,7 @@ def lane(
         t_ns=t_ns,
         error=error,
         duration_ns=duration_ns,
+        flags=flags,
         local_ports=ports,
         remote_ports=tuple(40000 for _ in ports),
     )
@@ -432,6 +444,13 @@ def test_lane_book() -> None:
     assert book.update(lane(EventType.LANE_UP, "nic0", 7, 0, (5001,)), 11) == ([], [])
     assert book.update(lane(EventType.LANE_UP, "nic1", 1, 1, (6001,)), 10) == ([6001], [])
     assert book.confirm([(0, "nic1", 6001), (0, "nic1", 7777)]) == [6001]  # 7777: no lane
+    assert book.port_nic == {5001: "nic0", 5002: "nic0", 6001: "nic1"}
+    # a warm standby's promotion (its second LANE_UP) changes nothing: its ports stay mapped
+    standby = int(EventFlag.STANDBY | EventFlag.PROMOTED)
+    assert book.update(lane(EventType.LANE_UP, "nic1", 1, 1, (6001,), flags=standby), 10) == (
+        [],
+        [],
+    )
     assert book.port_nic == {5001: "nic0", 5002: "nic0", 6001: "nic1"}
     assert book.per_nic() == {
         "nic0": {"lanes": 2, "connections": 2, "processes": 2},

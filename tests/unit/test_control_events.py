@@ -14,6 +14,7 @@ from railhop.control.errors import EventDecodeError
 from railhop.control.lane_events import (
     EVENT_SIZE,
     MAX_MSG,
+    EventFlag,
     EventType,
     LaneEvent,
     decode_event,
@@ -53,6 +54,25 @@ def test_golden_bytes_decode_to_expected_values() -> None:
 
 def test_encode_matches_the_c_bytes() -> None:
     assert encode_event(GOLDEN_EVENT) == GOLDEN
+
+
+def test_standby_flags_round_trip_and_unknown_bits_are_kept() -> None:
+    """A warm standby's LANE_UPs: idle (STANDBY), then its promotion (STANDBY | PROMOTED);
+    a bit this agent does not know decodes (kept in flags, meaning nothing here)."""
+    idle = LaneEvent(EventType.LANE_UP, 7, "nic2", lane=4, flags=int(EventFlag.STANDBY))
+    promoted = LaneEvent(
+        EventType.LANE_UP, 7, "nic2", lane=4, flags=int(EventFlag.STANDBY | EventFlag.PROMOTED)
+    )
+    raw = encode_event(promoted)
+    assert struct.unpack_from("<I", raw, 52) == (3,)  # ctl_table.h: flags at offset 52
+    for ev in (idle, promoted):
+        back = decode_event(encode_event(ev))
+        assert back == ev and back.standby
+    assert not decode_event(encode_event(idle)).promoted
+    assert decode_event(raw).promoted
+    plain = LaneEvent(EventType.LANE_UP, 7, "nic2", flags=0x80)
+    back = decode_event(encode_event(plain))
+    assert back.flags == 0x80 and not back.standby and not back.promoted
 
 
 def test_ipv6_and_missing_addresses() -> None:

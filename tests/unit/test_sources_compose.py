@@ -11,6 +11,7 @@ from railhop.sources.compose import INCLUDE, ComposeError, compose
 from railhop.sources.ebpf.carrier import CARRIER
 from railhop.sources.ebpf.rdma import RDMA_DRV
 from railhop.sources.ebpf.tcp import TCP_LANE
+from railhop.sources.usdt import LANE_PROBES
 from railhop.sources.usdt import SPEC as USDT_SPEC
 from railhop.sources.verbs_usdt import VERBS_SPEC as VERBS_USDT_SPEC
 
@@ -72,7 +73,8 @@ def test_shipped_probes_compose_and_share_one_ring_buffer() -> None:
         assert "rh_events.ringbuf_reserve" not in (d / spec.file).read_text()
         assert not any(INCLUDE.match(ln) for ln in text.splitlines())
     usdt = compose(d, USDT_SPEC.file, USDT_SPEC.preludes)
-    assert usdt.count('#line 1 "rh_usdt_lane.c"') == 6  # one handler per lane probe
+    # one handler per lane probe
+    assert usdt.count('#line 1 "rh_usdt_lane.c"') == len(LANE_PROBES) == 7
     # both USDT programs take rh_usdt_reserve() from their shared prelude, defined once
     for spec in (USDT_SPEC, VERBS_USDT_SPEC):
         text = compose(d, spec.file, spec.preludes)

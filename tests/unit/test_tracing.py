@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from railhop import tracing
-from railhop.control import EventType, LaneEvent
+from railhop.control import EventFlag, EventType, LaneEvent
 from railhop.tracing import (
     DECISION,
     DETECTION,
@@ -292,6 +292,40 @@ def test_plugin_first_failover_without_a_down_nic() -> None:
     assert root.attributes["railhop.failover.opened_by"] == "plugin"
     assert root.attributes["railhop.failover.outcome"] == "failed_back"
     assert one(out, FAILBACK).start_ns == OFFSET + t + 2 * S
+
+
+def test_a_move_onto_a_warm_standby_lists_the_promoted_lane() -> None:
+    """The standby's first LANE_UP (idle, before the move) is no lane of the move; its
+    promotion (a LANE_UP flagged promoted, no handshake) is: new_lanes lists it and the
+    migration says standby. A move that opens its lanes says standby false."""
+    a = asm()
+    t = 9 * S
+    idle = int(EventFlag.STANDBY)
+    promoted = int(EventFlag.STANDBY | EventFlag.PROMOTED)
+    out = a.lane_event(lane(EventType.LANE_UP, "nic2", t - S, 3, lane=2, flags=idle), PEER, t)
+    out += a.lane_event(lane(EventType.FAILOVER_START, "nic1", t, 3, error=113), PEER, t)
+    out += a.lane_event(
+        lane(EventType.LANE_UP, "nic2", t + MS, 3, lane=2, remote_nic="peer2", flags=promoted),
+        PEER,
+        t,
+    )
+    # a replacement standby handshaken while the move is still open carries nothing
+    out += a.lane_event(lane(EventType.LANE_UP, "nic3", t + 2 * MS, 3, lane=4, flags=idle), PEER, t)
+    out += a.lane_event(lane(EventType.FAILOVER_END, "nic1", t + 5 * MS, 3), PEER, t)
+    m = one(out, MIGRATION)
+    assert m.attributes["railhop.migration.new_lanes"] == ("nic2->peer2",)
+    assert m.attributes["railhop.migration.standby"] is True
+    assert [e.name for e in m.events] == ["standby promoted", "standby up"]
+    assert m.events[0].attributes["railhop.lane.id"] == 2
+
+    # the same move onto a lane it opened (the plain LANE_UP an older plugin also sends)
+    b = asm()
+    b.lane_event(lane(EventType.FAILOVER_START, "nic1", t, 3, error=113), PEER, t)
+    b.lane_event(lane(EventType.LANE_UP, "nic2", t + MS, 3, lane=2, remote_nic="peer2"), PEER, t)
+    m = one(b.lane_event(lane(EventType.FAILOVER_END, "nic1", t + 5 * MS, 3), PEER, t), MIGRATION)
+    assert m.attributes["railhop.migration.new_lanes"] == ("nic2->peer2",)
+    assert m.attributes["railhop.migration.standby"] is False
+    assert [e.name for e in m.events] == ["lane up"]
 
 
 def test_plugin_only_failover_closes_when_idle() -> None:

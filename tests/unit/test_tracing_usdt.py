@@ -80,6 +80,39 @@ def test_probe_sequence_of_a_failover() -> None:
     assert root.end_ns == 2000 * MS
 
 
+def test_a_move_onto_a_warm_standby_from_the_probes() -> None:
+    """The standby's lane_up (handshaken before the move) is no lane of the move; its
+    standby_promoted probe is: a LANE_UP flagged standby and promoted, on the standby's NIC,
+    listed in the migration's new lanes with railhop.migration.standby true."""
+    tr = UsdtLaneTranslator(NICS)
+    seq = [
+        probe("lane_up", 0, CONN, 0, 1, 1),  # primary lane 0 on nic1
+        probe("lane_up", 5, CONN, 2, 3, 3),  # the standby, lane 2 on nic3 (idle)
+        probe("lane_down", 100, CONN, 0, 1, (1 << 64) - 104),
+        probe("failover_start", 100, CONN, 0, -104),
+        probe("standby_promoted", 100, CONN, 2, 3, 3),
+        probe("failover_end", 120, CONN, 1, 1, 20 * MS),
+    ]
+    got = [tr.translate(e) for e in seq]
+    assert all(g is not None for g in got)
+    up = got[4]
+    assert up is not None and up.type is EventType.LANE_UP and up.nic == "nic3"
+    assert up.lane == 2 and up.promoted and up.standby
+    assert got[1] is not None and not got[1].standby  # lane_up says nothing of the role
+    ids = itertools.count(1)
+    a = FailoverAssembler(0, rand_bits=lambda b: next(ids))
+    spans = []
+    for g in got:
+        assert g is not None
+        spans += a.lane_event(g, PID, 0)
+    mig = next(s for s in spans if s.name == tracing.MIGRATION)
+    assert mig.attributes["railhop.migration.new_lanes"] == ("nic3",)
+    assert mig.attributes["railhop.migration.standby"] is True
+    # the promoted lane's NIC is known: its fail-back names it
+    back = tr.translate(probe("failback", 900, CONN, 2))
+    assert back is not None and back.nic == "nic3"
+
+
 def test_unknown_lanes_and_nics_are_dropped() -> None:
     tr = UsdtLaneTranslator(NICS)
     assert tr.translate(probe("failover_start", 1, CONN, 9, 0)) is None  # lane never seen
@@ -89,6 +122,7 @@ def test_unknown_lanes_and_nics_are_dropped() -> None:
     assert tr.translate(probe("lane_up", 4, CONN, 0, 7, 0)) is None  # NIC index out of range
     assert tr.translate(probe("lane_up", 4, CONN, 0, 1, 0, pid=0)) is None
     assert tr.translate(probe("req_done", 5, -1, 4096, 1000)) is None
+    assert tr.translate(probe("standby_promoted", 5, CONN, 2, 9, 0)) is None  # NIC 9: none
     # the same connection id in another process is another connection
     assert tr.translate(probe("lane_up", 6, CONN, 0, 3, 3, pid=999)) is not None
     assert tr.translate(probe("failover_start", 7, CONN, 0, 0)) is None

@@ -8,7 +8,13 @@ Both live in ``$RAILHOP_RUN_DIR`` (default ``/run/railhop``). See docs/control-p
 """
 
 from railhop.control.errors import ControlError, EventDecodeError, TableError
-from railhop.control.lane_events import EventType, LaneEvent, decode_event, encode_event
+from railhop.control.lane_events import (
+    EventFlag,
+    EventType,
+    LaneEvent,
+    decode_event,
+    encode_event,
+)
 from railhop.control.layout import (
     Backup,
     Distance,
@@ -29,6 +35,7 @@ __all__ = [
     "ControlPlane",
     "Distance",
     "EventDecodeError",
+    "EventFlag",
     "EventType",
     "LaneEvent",
     "NicHealth",

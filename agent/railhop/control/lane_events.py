@@ -49,6 +49,14 @@ assert EVENT_SIZE == 160
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+class EventFlag(enum.IntFlag):
+    """``RH_EV_F_*``: what a ``LANE_UP`` says of the lane beyond its ids. Unknown bits are kept
+    in :attr:`LaneEvent.flags` and mean nothing here (a newer plugin's)."""
+
+    STANDBY = 0x1  # a warm standby: handshaken, carries nothing yet
+    PROMOTED = 0x2  # a warm standby a move (or the peer) promoted: it carries from now on
+
+
 class EventType(enum.IntEnum):
     """``enum rh_lane_event_type``."""
 
@@ -82,6 +90,16 @@ class LaneEvent:
     local_ports: tuple[int, ...] = ()
     remote_ports: tuple[int, ...] = ()
     bytes_replayed: int = 0  # FAILOVER_END (sender side): bytes queued again for replay
+
+    @property
+    def standby(self) -> bool:
+        """A ``LANE_UP`` of a warm standby (idle, or promoted: :attr:`promoted`)."""
+        return bool(self.flags & EventFlag.STANDBY)
+
+    @property
+    def promoted(self) -> bool:
+        """A ``LANE_UP`` of a warm standby's promotion (no handshake: it came up earlier)."""
+        return bool(self.flags & EventFlag.PROMOTED)
 
 
 def _addr_bytes(a: Address | None) -> bytes:

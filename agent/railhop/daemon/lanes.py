@@ -60,6 +60,8 @@ class LaneBook:
         added: list[int] = []
         removed: list[int] = []
         key = (pid, ev.conn_id, ev.lane)
+        if ev.type is EventType.LANE_UP and ev.promoted and key in self._lanes:
+            return added, removed  # a warm standby promoted: the lane and its ports, as known
         if ev.type is EventType.LANE_UP:
             old = self._lanes.pop(key, None)
             if old is not None:

@@ -8,7 +8,7 @@ import errno
 from collections.abc import Mapping, Sequence
 
 from railhop import health
-from railhop.control import EventType, LaneEvent
+from railhop.control import EventFlag, EventType, LaneEvent
 from railhop.sources.events import (
     CarrierDown,
     CarrierUp,
@@ -133,6 +133,10 @@ def health_event_from_lane(
         return health.LaneError(
             nic, t, detail=f"pid {ev.pid} conn {ev.conn_id} errno {ev.error}", source=source
         )
+    if ev.type is EventType.LANE_UP and ev.promoted:
+        # a warm standby promoted: nothing crossed the NIC for it now (its handshake, long
+        # before, was its LANE_UP then)
+        return None
     if ev.type in (EventType.LANE_UP, EventType.FAILBACK):
         # a lane on this NIC completed its handshake / carries traffic again: the positive
         # evidence a NIC that went DOWN with its link up needs before it is offered again
@@ -182,7 +186,9 @@ class UsdtLaneTranslator:
     (state: which NIC each lane uses). Probe arguments (plugin/src/probes.h):
     lane_up(conn, lane, lnic, rnic), lane_down(conn, lane, lnic, err),
     failover_start(conn, lane, err), failover_end(conn, epoch, nactive, duration_ns) at the first
-    completion after the move, failback(conn, lane), fair_share(conn, epoch, duration_ns, rate);
+    completion after the move, failback(conn, lane), fair_share(conn, epoch, duration_ns, rate),
+    standby_promoted(conn, lane, lnic, rnic) (a LANE_UP flagged standby and promoted: the
+    standby's own lane_up, when it was handshaken, says nothing of its role);
     ``lnic`` indexes the plugin's NIC list ``nics`` (sorted auto-detected names or RAILHOP_NICS).
     """
 
@@ -261,6 +267,22 @@ class UsdtLaneTranslator:
                 epoch=second & 0xFFFFFFFF,
                 t_ns=t,
                 duration_ns=max(0, a[2]),
+            )
+        if probe == "standby_promoted":
+            nic = self._name(a[2])
+            if nic is None:
+                return None
+            if len(self._lane_nic) >= self.MAX_LANES:
+                self._lane_nic.clear()
+            self._lane_nic[(pid, conn, second)] = a[2]
+            return LaneEvent(
+                EventType.LANE_UP,
+                pid,
+                nic,
+                conn_id=conn,
+                lane=second,
+                t_ns=t,
+                flags=int(EventFlag.STANDBY | EventFlag.PROMOTED),
             )
         if probe == "failback":
             nic = self._name(self._lane_nic.get((pid, conn, second)))

@@ -54,6 +54,7 @@ USDT_PROBES = {
     7: "fair_share",
     8: "verbs_wc_err",
     9: "verbs_async",
+    10: "standby_promoted",
 }
 
 # rdma_cm_event_type (librdmacm rdma_cma.h)

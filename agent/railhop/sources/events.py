@@ -113,7 +113,7 @@ class CounterBreach(BaseEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PluginLaneEvent(BaseEvent):
     """A plugin USDT probe (lane_up, lane_down, failover_start, failover_end, failback,
-    fair_share)."""
+    fair_share, standby_promoted)."""
 
     probe: str
     pid: int

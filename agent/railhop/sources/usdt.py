@@ -3,7 +3,7 @@
 Probes are read from the library's ``.note.stapsdt`` ELF notes by the pure :func:`stapsdt_notes`
 (name, argument count, semaphore). Attaching by path needs probes without semaphores (bcc can
 only bump a semaphore for a given pid); such probes are reported ``skipped``. Lane probes
-(lane_up, lane_down, failover_start, failover_end, failback, fair_share) become
+(lane_up, lane_down, failover_start, failover_end, failback, fair_share, standby_promoted) become
 :class:`PluginLaneEvent`s;
 ``req_done(lane, bytes, latency_ns)`` is aggregated in the kernel per (pid, lane) and read with
 :meth:`UsdtSource.lane_stats` (the completion tracing of the design).
@@ -30,6 +30,7 @@ LANE_PROBES = (
     "failover_end",
     "failback",
     "fair_share",
+    "standby_promoted",
 )
 ALL_PROBES = (*LANE_PROBES, "req_done")
 MAX_ARGS = 4

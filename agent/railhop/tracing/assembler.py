@@ -125,6 +125,7 @@ class _Migration:
     remote_nic: str
     events: list[SpanEvent] = field(default_factory=list)
     new_lanes: list[str] = field(default_factory=list)
+    standby: bool = False  # a lane it took was a warm standby (promoted, no handshake)
     ended: bool = False
     escalated: bool = False
     failed_back: bool = False
@@ -527,6 +528,7 @@ class FailoverAssembler:
                 "railhop.migration.duration_ms": (ev.t_ns - start) / 1e6,
                 "railhop.migration.first_completion_ms": (ev.t_ns - start) / 1e6,
                 "railhop.migration.new_lanes": tuple(mig.new_lanes),
+                "railhop.migration.standby": mig.standby,
                 "railhop.migration.outcome": "escalated" if mig.escalated else "resumed",
             }
             if mig.remote_nic:
@@ -578,10 +580,18 @@ class FailoverAssembler:
             return out
         if ev.type is EventType.LANE_UP:
             mig = self._find_migration(ev.pid, ev.conn_id)
-            if mig is not None and not mig.ended:
-                label = ev.nic + (f"->{ev.remote_nic}" if ev.remote_nic else "")
-                mig.new_lanes.append(label)
-                mig.events.append(SpanEvent("lane up", self._wall(ev.t_ns), _lane_attrs(ev)))
+            if mig is None or mig.ended:
+                return out
+            if ev.standby and not ev.promoted:
+                # a warm standby handshaken while the move is open: it carries nothing (a
+                # promotion, its second LANE_UP, makes it one of the move's lanes)
+                mig.events.append(SpanEvent("standby up", self._wall(ev.t_ns), _lane_attrs(ev)))
+                return out
+            label = ev.nic + (f"->{ev.remote_nic}" if ev.remote_nic else "")
+            mig.new_lanes.append(label)
+            mig.standby = mig.standby or ev.promoted
+            name = "standby promoted" if ev.promoted else "lane up"
+            mig.events.append(SpanEvent(name, self._wall(ev.t_ns), _lane_attrs(ev)))
             return out
         if ev.type is EventType.LANE_DOWN:
             mig = self._find_migration(ev.pid, ev.conn_id)
@@ -687,6 +697,7 @@ class FailoverAssembler:
                     "railhop.conn.id": f"{mig.conn_id:#018x}",
                     "railhop.lane.id": mig.lane,
                     "railhop.migration.new_lanes": tuple(mig.new_lanes),
+                    "railhop.migration.standby": mig.standby,
                     "railhop.migration.outcome": "unfinished",
                     "error.type": "migration_unfinished",
                 }

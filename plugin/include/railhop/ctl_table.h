@@ -281,6 +281,13 @@ enum rh_lane_event_type {
 	RH_EV_FAIR_SHARE = 8,
 };
 
+/* flags of a LANE_UP (an agent that does not know them ignores them: it reads a promotion as
+ * one more LANE_UP of a lane it already has, which is what it is) */
+#define RH_EV_F_STANDBY 0x1u /* the lane is a warm standby: handshaken, carries nothing yet */
+/* a warm standby a move (or the peer) promoted: it carries from now on, without a handshake
+ * (its first LANE_UP, with RH_EV_F_STANDBY alone, came when it was opened) */
+#define RH_EV_F_PROMOTED 0x2u
+
 struct rh_lane_event {
 	uint32_t magic; /* RH_EV_MAGIC */
 	uint16_t version; /* RH_EV_VERSION */
@@ -294,7 +301,7 @@ struct rh_lane_event {
 	uint64_t t_ns; /* CLOCK_MONOTONIC when it happened */
 	uint64_t duration_ns; /* FAILOVER_END, FAIR_SHARE: since START; else 0 */
 	int32_t error; /* errno-style cause (positive), 0 if none */
-	uint32_t flags; /* reserved, senders write 0, the agent ignores unknown bits */
+	uint32_t flags; /* RH_EV_F_*; unknown bits are ignored */
 	char nic[RH_CTL_IFNAME_LEN]; /* local NIC of the lane (non-empty) */
 	char remote_nic[RH_CTL_IFNAME_LEN]; /* remote NIC, may be empty */
 	uint8_t local_addr[16]; /* IPv6 or IPv4-mapped (::ffff:a.b.c.d), zero if unknown */

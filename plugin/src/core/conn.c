@@ -256,6 +256,11 @@ void rh_conn_lane_event(struct rh_conn *c, struct rh_lane *l, int type, int err,
 	if (l && l->tp && l->ops->ports) {
 		info.nports = l->ops->ports(l, info.lports, info.rports, 8);
 	}
+	if (type == RH_EVT_LANE_UP && l && l->standby) {
+		/* a standby handshaken (idle), or promoted: it carries from now on */
+		info.flags = l->state == RH_LANE_STANDBY ? RH_EVT_F_STANDBY :
+							   RH_EVT_F_STANDBY | RH_EVT_F_PROMOTED;
+	}
 	rh_health_lane_event(type, c->id, c->epoch, l ? l->id : 0, lnic, err, duration_ns, &info);
 }
 

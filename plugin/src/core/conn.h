@@ -123,6 +123,7 @@ struct rh_fo {
 	 * one, and the backoff after a standby failed (0: none failed since one came up). */
 	uint64_t t_standby_next_ms;
 	int standby_backoff_ms;
+	int standby_used; /* standby lanes promoted so far (grows the standbys kept) */
 	/* Pairs that failed during this connection (until fail-back heals them). */
 	uint64_t bad_until_ms[RH_MAX_NICS][RH_MAX_NICS];
 };
@@ -308,7 +309,9 @@ void rh_standby_peer_sent(struct rh_conn *c, struct rh_lane *l, const char *why)
 /* Standby lane l failed (idle, or while opening): dropped, no move; the peer told (BYE). */
 void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char *why,
 		       uint64_t now); /* locked */
-/* The ticker's phase (sender, outside a move): open standbys up to STANDBY_LANES. */
+/* How many standbys the connection keeps: STANDBY_LANES, grown on use (STANDBY_LANES_MAX). */
+int rh_standby_wanted(const struct rh_conn *c); /* locked */
+/* The ticker's phase (sender, outside a move): open standbys up to rh_standby_wanted(). */
 void rh_standby_tick(struct rh_conn *c, uint64_t now); /* locked */
 /* The peer answered on lane l (a frame read from it), or answered the move (l NULL: every
  * promoted lane): no answer deadline any more. */

@@ -41,6 +41,13 @@ enum {
 	RH_EVT_FAIR_SHARE = 8,
 };
 
+/* Lane event flags (same values as RH_EV_F_* in railhop/ctl_table.h): a LANE_UP of a warm
+ * standby (idle), and the LANE_UP of its promotion (standby | promoted). */
+enum {
+	RH_EVT_F_STANDBY = 0x1,
+	RH_EVT_F_PROMOTED = 0x2,
+};
+
 /* One ranked backup for a local NIC. */
 struct rh_plan_entry {
 	int lnic; /* local NIC index */
@@ -55,6 +62,7 @@ struct rh_lane_info {
 	int nports; /* TCP streams: local/remote ports, host order */
 	uint16_t lports[8], rports[8];
 	uint64_t bytes_replayed; /* FAILOVER_END (sender): bytes queued again for replay */
+	uint32_t flags; /* RH_EVT_F_* */
 };
 
 struct rh_ctl_hooks {

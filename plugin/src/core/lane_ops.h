@@ -56,7 +56,10 @@ struct rh_lane {
 	/* A standby a move promoted skipped the handshake that proves the peer reachable: the
 	 * peer must answer on it (any frame the core reads from it) or answer the move (its
 	 * RESUME) by this time, the handshake deadline it skipped, or the lane has failed
-	 * (rh_standby_unanswered). 0: answered, or never promoted by a move. */
+	 * (rh_standby_unanswered). 0: answered, or never promoted by a move. Apart from the
+	 * OPENING deadlines below (lane_tick_opening): the promoted lane is ACTIVE and carries at
+	 * once, and its answer is any frame read from it or the move's RESUME, not a stream's
+	 * handshake; lane_tick_carrying checks it. */
 	uint64_t t_answer_by_ms;
 	int nstreams, nready; /* streams wanted / handshaken */
 	int weight; /* spreading weight from the ranking */

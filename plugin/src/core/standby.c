@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Warm standby lanes (RAILHOP_STANDBY_LANES): the sender side keeps that many extra lanes
- * handshaken on its top backup pairs (the agent's plan, else the core's ranking: never a NIC
- * known down, a pair in use or one that failed recently, never the original pair). They carry
- * nothing (lane state STANDBY: the scheduler and the control lane skip it), so a move promotes
- * one and its first frame (the FAILREQ, then the replay) goes out without any set-up. Both
- * sides agree through the hello's RH_HELLO_F_STANDBY; each side promotes on its own move
- * (failover.c's open_backups), or when the peer sends on the lane. A standby's own failure
- * drops it (no move) and its replacement waits a backoff. All functions run with the
- * connection lock held.
+ * Warm standby lanes (RAILHOP_STANDBY_LANES, grown on use up to RAILHOP_STANDBY_LANES_MAX):
+ * the sender side keeps that many extra lanes handshaken on its top backup pairs (the agent's
+ * plan, else the core's ranking: never a NIC known down, a pair in use or one that failed
+ * recently, never the original pair). They carry nothing (lane state STANDBY: the scheduler
+ * and the control lane skip it), so a move promotes one and its first frame (the FAILREQ,
+ * then the replay) goes out without any set-up; the promotion is a lane event (LANE_UP,
+ * flagged promoted) for the agent's trace. Both sides agree through the hello's
+ * RH_HELLO_F_STANDBY; each side promotes on its own move (failover.c's open_backups), or when
+ * the peer sends on the lane. A standby's own failure drops it (no move) and its replacement
+ * waits a backoff. All functions run with the connection lock held.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@
 #include "health.h"
 #include "rank.h"
 
-#define RH_STANDBY_MAX 8 /* RAILHOP_STANDBY_LANES' upper bound (param.c) */
+#define RH_STANDBY_MAX 8 /* RAILHOP_STANDBY_LANES(_MAX)'s upper bound (param.c) */
 
 static bool standby_eligible(struct rh_conn *c, struct rh_lane *l, uint64_t now)
 {
@@ -33,7 +34,10 @@ static void standby_promote(struct rh_conn *c, struct rh_lane *l, const char *wh
 {
 	l->state = RH_LANE_ACTIVE;
 	l->t_progress_ms = 0;
+	c->fo.standby_used++; /* grown on use: rh_standby_wanted() */
 	RH_PROBE4(standby_promoted, c->id, l->id, l->lnic, l->rnic);
+	/* the agent's trace lists the lanes a move took: a standby's LANE_UP (flag promoted) */
+	rh_conn_lane_event(c, l, RH_EVT_LANE_UP, 0, 0, 0);
 	INFO("conn %016llx (%s): standby lane %u %s -> peer NIC %d promoted (%s)",
 	     (unsigned long long)c->id, c->is_send ? "send" : "recv", l->id,
 	     rh_g.nics[l->lnic].ifname, l->rnic, why);
@@ -128,12 +132,31 @@ void rh_standby_failed(struct rh_conn *c, struct rh_lane *l, int err, const char
 	c->fo.t_standby_next_ms = now + (uint64_t)b;
 }
 
-/* The sender keeps STANDBY_LANES standby lanes (opening or STANDBY) outside a move, on the
- * pairs a move would take first; a failed or promoted one is replaced after its backoff. */
+/* Sized small, grown on use: STANDBY_LANES (0: off, and no growth) until a standby is
+ * promoted; then min(used + 1, STANDBY_LANES_MAX), never below STANDBY_LANES nor above
+ * RH_STANDBY_MAX. */
+int rh_standby_wanted(const struct rh_conn *c)
+{
+	int base = (int)rh_param.STANDBY_LANES, grown = c->fo.standby_used + 1;
+
+	if (base <= 0) {
+		return 0;
+	}
+	if (grown > (int)rh_param.STANDBY_LANES_MAX) {
+		grown = (int)rh_param.STANDBY_LANES_MAX;
+	}
+	if (c->fo.standby_used > 0 && grown > base) {
+		base = grown;
+	}
+	return base > RH_STANDBY_MAX ? RH_STANDBY_MAX : base;
+}
+
+/* The sender keeps rh_standby_wanted() standby lanes (opening or STANDBY) outside a move, on
+ * the pairs a move would take first; a failed or promoted one is replaced after its backoff. */
 void rh_standby_tick(struct rh_conn *c, uint64_t now)
 {
 	struct rh_pair p[RH_STANDBY_MAX];
-	int want = (int)rh_param.STANDBY_LANES, have = 0, n;
+	int want = rh_standby_wanted(c), have = 0, n;
 
 	if (!c->is_send || !c->ready || c->fo.active || want <= 0 ||
 	    now < c->fo.t_standby_next_ms || !c->have_nonces) {
@@ -143,9 +166,6 @@ void rh_standby_tick(struct rh_conn *c, uint64_t now)
 		struct rh_lane *l = c->lanes[i];
 
 		have += l->standby && (l->state == RH_LANE_STANDBY || l->state == RH_LANE_OPENING);
-	}
-	if (want > RH_STANDBY_MAX) {
-		want = RH_STANDBY_MAX;
 	}
 	if (have >= want) {
 		return;
