@@ -133,33 +133,51 @@ class VmHarnessRun:
         self.sides: dict[str, _VmSide] = {}
         self.started_at = 0.0
 
-    def start(self) -> VmHarnessRun:
+    def start(self, *, sender: bool = True) -> VmHarnessRun:
+        """Start the receiver, then the sender (``sender=False``: later, :meth:`start_sender`;
+        the receiver's listeners wait for it meanwhile)."""
         if self.sides:
             raise HarnessError("already started")
         rdv = self.dir / "rendezvous"
         rdv.mkdir(parents=True)
         self.started_at = time.monotonic()
-        order: tuple[tuple[Role, int], ...] = (("recv", self.recv_node), ("send", self.send_node))
-        for role, node in order:
-            argv = build_argv(self.harness, self.plugin, role, rdv, self.cfg)
-            if self.cfg.duration is not None:  # finish(): the run's end by what it moved
-                argv += ["--stop-file", str(self.stop_file)]
-            if self.verbose:
-                argv.append("--verbose")
-            run_dir = self.dir / f"run-{role}"
-            run_dir.mkdir()
-            out, err = self.dir / f"{role}.out", self.dir / f"{role}.err"
-            job = self.lab.guests[node].start(
-                argv,
-                # a run directory in env wins (an agent's, in the guest's own /tmp)
-                env={"RAILHOP_RUN_DIR": str(run_dir), **self.env},
-                timeout=self.cfg.deadline + self.grace_s,
-                stdout=out,
-                stderr=err,
-                cwd=str(self.dir),
-            )
-            self.sides[role] = _VmSide(role, node, job, out, err)
+        self._start_side("recv", self.recv_node)
+        if sender:
+            self._start_side("send", self.send_node)
         return self
+
+    def start_sender(self) -> VmHarnessRun:
+        """Start the sender of a run started with ``sender=False``."""
+        if "recv" not in self.sides or "send" in self.sides:
+            raise HarnessError("start_sender() follows start(sender=False), once")
+        self._start_side("send", self.send_node)
+        return self
+
+    @property
+    def handle_file(self) -> Path:
+        """The receiver's first connect handle (there once its listener is up)."""
+        return self.dir / "rendezvous" / "handle.0"
+
+    def _start_side(self, role: Role, node: int) -> None:
+        rdv = self.dir / "rendezvous"
+        argv = build_argv(self.harness, self.plugin, role, rdv, self.cfg)
+        if self.cfg.duration is not None:  # finish(): the run's end by what it moved
+            argv += ["--stop-file", str(self.stop_file)]
+        if self.verbose:
+            argv.append("--verbose")
+        run_dir = self.dir / f"run-{role}"
+        run_dir.mkdir()
+        out, err = self.dir / f"{role}.out", self.dir / f"{role}.err"
+        job = self.lab.guests[node].start(
+            argv,
+            # a run directory in env wins (an agent's, in the guest's own /tmp)
+            env={"RAILHOP_RUN_DIR": str(run_dir), **self.env},
+            timeout=self.cfg.deadline + self.grace_s,
+            stdout=out,
+            stderr=err,
+            cwd=str(self.dir),
+        )
+        self.sides[role] = _VmSide(role, node, job, out, err)
 
     @property
     def stop_file(self) -> Path:

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "live_threads.h"
+#include "msg_pattern.h"
 #include "nccl/net.h"
 
 #define MAX_CONNS 256
@@ -229,47 +230,15 @@ static ncclResult_t n_irecv(void *rc, int n, void **data, size_t *sizes, int *ta
 	}
 }
 
-/* Deterministic contents of message k of connection c. */
-static uint64_t msg_base(int c, long k)
-{
-	uint64_t x = opt.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)c << 40) ^ (uint64_t)k;
-
-	x ^= x >> 31;
-	x *= 0xBF58476D1CE4E5B9ull;
-	x ^= x >> 29;
-	return x | 1;
-}
-
+/* Deterministic contents of message k of connection c (msg_pattern.h). */
 static void fill(char *buf, size_t size, int c, long k)
 {
-	uint64_t b = msg_base(c, k), *w = (uint64_t *)buf;
-	size_t nw = size / 8;
-
-	for (size_t i = 0; i < nw; i++) {
-		w[i] = b ^ (i * 0x9E3779B97F4A7C15ull);
-	}
-	for (size_t i = nw * 8; i < size; i++) {
-		buf[i] = (char)(b >> (8 * (i % 8)));
-	}
+	rh_msg_fill(opt.seed, buf, size, c, k);
 }
 
 static bool check(const char *buf, size_t size, int c, long k)
 {
-	uint64_t b = msg_base(c, k);
-	const uint64_t *w = (const uint64_t *)buf;
-	size_t nw = size / 8;
-
-	for (size_t i = 0; i < nw; i++) {
-		if (w[i] != (b ^ (i * 0x9E3779B97F4A7C15ull))) {
-			return false;
-		}
-	}
-	for (size_t i = nw * 8; i < size; i++) {
-		if (buf[i] != (char)(b >> (8 * (i % 8)))) {
-			return false;
-		}
-	}
-	return true;
+	return rh_msg_check(opt.seed, buf, size, c, k);
 }
 
 static bool is_end(const char *buf, size_t size)

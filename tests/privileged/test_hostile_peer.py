@@ -55,85 +55,33 @@ import pytest
 from conftest import fabric_fixture, require, until
 from railhop_lab.fabric import Fabric, in_netns
 from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
+from railhop_lab.peerwire import (
+    CHUNK,
+    F_ACK,
+    F_BYE,
+    F_CTS,
+    F_DATA,
+    F_FAILREQ,
+    F_HELLO,
+    F_HELLO_ACK,
+    HDR,
+    HELLO_CONN,
+    HELLO_LANE,
+    TAG,
+    U32_MAX,
+    Handle,
+    frame,
+    hello,
+    nic_entry,
+    parse_handle,
+)
 
 pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[2]
 ASAN_BUILD = REPO / "build" / "asan"
 MiB = 1 << 20
-CHUNK = 131072  # RAILHOP_CHUNK_SIZE default
 RATE_MBIT = 200  # a rate-limited fabric: the receiver's CPU has headroom to measure
-
-HDR = struct.Struct("<BBHIQIIQQQ")  # type slot flags len conn_id epoch aux seq off total
-F_DATA, F_CTS, F_ACK, F_FAILREQ, F_BYE, F_HELLO, F_HELLO_ACK = 1, 2, 3, 5, 6, 7, 8
-TAG = 16  # RHH4: the tag after every frame header after the hello
-HELLO_CONN, HELLO_LANE = 1, 2
-U32_MAX = 0xFFFFFFFF
-
-
-# ---------------------------------------------------------------------------------------------
-# The wire, as a stranger writes it
-
-
-def frame(ftype: int, payload: bytes = b"", **f: int) -> bytes:
-    return (
-        HDR.pack(
-            ftype,
-            f.get("slot", 0),
-            f.get("flags", 0),
-            f.get("length", len(payload)),
-            f.get("conn_id", 0),
-            f.get("epoch", 1),
-            f.get("aux", 0),
-            f.get("seq", 0),
-            f.get("off", 0),
-            f.get("total", 0),
-        )
-        + payload
-    )
-
-
-def nic_entry(ip: str, port: int, rail: int = 0) -> bytes:
-    return socket.inet_aton(ip) + struct.pack(">H", port) + struct.pack("<hhBB", rail, -1, 1, 0)
-
-
-def hello(
-    magic: bytes,
-    kind: int,
-    from_sender: int,
-    lane_id: int,
-    *,
-    listen_id: int = 0,
-    src_nic: int = 0,
-    dst_nic: int = 0,
-    nics: tuple[bytes, ...] = (),
-) -> bytes:
-    """A hello of the listener's protocol; under RHH3 with a nonce and a MAC made without the
-    secret (random bytes: the stranger has nothing better), under RHH4 a stream nonce and flags
-    too."""
-    b = magic + bytes((kind, from_sender, 1, 0))
-    b += struct.pack("<IQIhh", lane_id, listen_id, CHUNK, src_nic, dst_nic)
-    if magic in (b"RHH3", b"RHH4"):
-        b += os.urandom(16 + 32)
-    if magic == b"RHH4":
-        b += os.urandom(16) + b"\0"  # stream nonce, flags
-    return b + bytes((len(nics),)) + b"".join(nics)
-
-
-@dataclass
-class Handle:
-    magic: bytes
-    listen_id: int
-    nics: list[tuple[str, int]]  # the receiver's lane listeners, by NIC index
-
-
-def parse_handle(b: bytes) -> Handle:
-    n = b[4]
-    nics = []
-    for i in range(n):
-        p = 16 + 8 * i
-        nics.append((socket.inet_ntoa(b[p : p + 4]), struct.unpack(">H", b[p + 4 : p + 6])[0]))
-    return Handle(magic=b[:4], listen_id=struct.unpack("<Q", b[8:16])[0], nics=nics)
 
 
 # ---------------------------------------------------------------------------------------------

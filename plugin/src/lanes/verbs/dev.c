@@ -10,7 +10,10 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 
-struct vb_dev verbs_devs[RH_MAX_NICS];
+/* No listener until verbs_dev_open: verbs_stop closes every NIC's device, opened or not, and
+ * a zero lfd there closed descriptor 0 of the host process (found by the lifecycle test over
+ * verbs, tests/vm/test_verbs_lifecycle.py). */
+struct vb_dev verbs_devs[RH_MAX_NICS] = { [0 ... RH_MAX_NICS - 1] = { .lfd = -1 } };
 
 static int find_device(struct vb_dev *d, const char *ifname)
 {

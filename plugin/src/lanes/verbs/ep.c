@@ -279,12 +279,62 @@ void verbs_ep_free(struct vb_ep *e)
 	free(e);
 }
 
+/* Why an accepted handshake was refused before its hello named a lane (hs_read_hello,
+ * on_hello; a hello the core refuses, -EACCES, has the core's own WARN). */
+static const char *hs_refusal(int err)
+{
+	switch (err) {
+	case -EPROTO:
+		return "not a hello frame";
+	case -EMSGSIZE:
+		return "a hello length above what the lane accepts";
+	case -EBADMSG:
+		return "a malformed hello";
+	case -ENOPROTOOPT:
+		return "not a verbs lane's hello (stream count or queue pair address length)";
+	case -EPIPE:
+		return "closed before a whole hello";
+	case -ETIMEDOUT:
+		return "no whole hello before the handshake deadline";
+	default:
+		return strerror(-err);
+	}
+}
+
+/* A refused handshake is logged at most once a second (anyone who reaches a NIC can send
+ * many); the ones left out are counted into the next line. I/O thread only. */
+static void hs_refused(struct vb_ep *e, const char *why)
+{
+	static uint64_t last_ms;
+	static unsigned quiet;
+	uint64_t now = rh_now_ms();
+	struct sockaddr_in pa;
+	socklen_t pl = sizeof(pa);
+	char ip[INET_ADDRSTRLEN] = "?";
+
+	if (last_ms && now - last_ms < 1000) {
+		quiet++;
+		return;
+	}
+	last_ms = now;
+	if (e->fd >= 0 && getpeername(e->fd, (struct sockaddr *)&pa, &pl) == 0) {
+		inet_ntop(AF_INET, &pa.sin_addr, ip, sizeof(ip));
+	}
+	WARN("verbs: refused a handshake on the lane listener of %s from %s: %s (%u more refused "
+	     "since the last such line)",
+	     rh_core_nic(e->nic)->ifname, ip, why, quiet);
+	quiet = 0;
+}
+
 void verbs_ep_fail(struct vb_ep *e, int err, const char *why)
 {
 	if (e->failed) {
 		return;
 	}
 	e->failed = true;
+	if (e->kind == VK_ACCEPTED && err != -EACCES) {
+		hs_refused(e, hs_refusal(err));
+	}
 	if ((e->kind == VK_LANE || e->kind == VK_LANE_IN) && e->lane && !atomic_load(&e->fenced)) {
 		WARN("verbs: lane %u (%s): %s (%s)", e->lane->id, rh_core_nic(e->nic)->ifname, why,
 		     strerror(-err));
@@ -345,6 +395,7 @@ static void hs_room(void)
 		}
 	}
 	if (n >= VB_HS_MAX && oldest) {
+		hs_refused(oldest, "too many handshakes wait for their hello: closed the oldest");
 		verbs_ep_close(oldest);
 	}
 }
@@ -414,14 +465,20 @@ static int hs_read_hello(struct vb_ep *e, uint8_t type, struct rh_hdr *h, struct
 	if (rc <= 0) {
 		return rc;
 	}
-	if (rh_hdr_get(e->hin, h) < 0 || h->type != type || h->len > VB_HELLO_MAX) {
+	/* the header's payload length (bytes 4..7): above what a hello takes, the frame is
+	 * refused as too long (rh_hdr_get refuses any control frame above RH_CTRL_MAX) */
+	if (e->hin[0] == type && (e->hin[4] | e->hin[5] << 8 | e->hin[6] << 16 |
+				  (uint32_t)e->hin[7] << 24) > VB_HELLO_MAX) {
+		return -EMSGSIZE;
+	}
+	if (rh_hdr_get(e->hin, h) < 0 || h->type != type) {
 		return -EPROTO;
 	}
 	rc = hs_read(e, RH_HDR_LEN + h->len);
 	if (rc <= 0) {
 		return rc;
 	}
-	return rh_hello_get(e->hin + RH_HDR_LEN, h->len, in) < 0 ? -EPROTO : 1;
+	return rh_hello_get(e->hin + RH_HDR_LEN, h->len, in) < 0 ? -EBADMSG : 1;
 }
 
 static int set_out(struct vb_ep *e, uint8_t *b, size_t len)
@@ -454,7 +511,7 @@ static int on_hello(struct vb_ep *e, const struct rh_hdr *h, struct rh_hello *in
 		return set_out(e, out, len);
 	}
 	if (in->nstreams != 1 || in->tp_len != VERBS_QP_INFO_LEN) {
-		return -EPROTO; /* not a verbs lane's hello: nothing was taken yet */
+		return -ENOPROTOOPT; /* not a verbs lane's hello: nothing was taken yet */
 	}
 	lane = rh_core_hello(h, in, &reply);
 	if (!lane) {
