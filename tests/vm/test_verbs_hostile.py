@@ -26,17 +26,12 @@ from conftest import REPO, check_clean, until
 from railhop_lab.harness import HarnessConfig
 from railhop_lab.peerwire import parse_handle
 from railhop_lab.verbs_stranger import QPN
-from railhop_lab.vmharness import VmHarnessRun, wait_for_bytes, wait_for_each_conn
+from railhop_lab.vmharness import VERBS_LANE_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 MiB = 1 << 20
-LANE_ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
-}
 # the stranger runs under the guest's system Python with the tree's lab/ (standard library only)
 STRANGER_ENV = {"PYTHONPATH": str(REPO / "lab")}
 STRANGER = ["/usr/bin/python3", "-m", "railhop_lab.verbs_stranger"]
@@ -100,7 +95,7 @@ def user_qps(lab: VmLab, node: int) -> list[dict[str, object]]:
 
 def test_verbs_listener_refuses_strangers(lab: VmLab, built: None) -> None:
     cfg = HarnessConfig(conns=1, sizes=(256 * 1024,), duration=500, inflight=4, deadline=600)
-    run = VmHarnessRun(lab, cfg, env=LANE_ENV, verbose=True)
+    run = VmHarnessRun(lab, cfg, env=VERBS_LANE_ENV, verbose=True)
     run.start(sender=False)
     try:
         until(run.handle_file.is_file, 120, "the receiver's connect handle", poll=0.2)

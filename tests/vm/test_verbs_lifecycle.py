@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, require
 from railhop import paths
 from railhop_lab.harness import HarnessConfig, build_argv, parse_lines
-from railhop_lab.vmharness import nics_env
+from railhop_lab.vmharness import VERBS_LANE_ENV, nics_env
 from railhop_lab.vmlab import GuestJob, VmLab
 
 pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
@@ -30,11 +30,6 @@ ROUNDS = 5
 MSGS = 4
 SIZE = 256 * 1024
 SEED = 2705
-ENV = {
-    "RAILHOP_TRANSPORT": "verbs",
-    "RAILHOP_COMPLETION_TIMEOUT": "8000",
-    "RAILHOP_PROBE_TIMEOUT": "10000",
-}
 ROUND_S = 200.0  # one round's bound under emulation on a loaded host (a round takes seconds)
 
 _runs = itertools.count()
@@ -76,7 +71,7 @@ def test_verbs_lifecycle_leaves_nothing(lab: VmLab, built: None) -> None:
     driver, plugin, harness = driver_path(), paths.plugin_path(), paths.harness_path()
     d = lab.shared / f"verbs-lifecycle-{next(_runs)}"
     d.mkdir(parents=True)
-    env = {**ENV, "RAILHOP_NICS": nics_env(lab)}
+    env = {**VERBS_LANE_ENV, "RAILHOP_NICS": nics_env(lab)}
     out, err = d / "driver.out", d / "driver.err"
     argv = [driver, plugin, d, ROUNDS, MSGS, SIZE, SEED]
     (d / "run-driver").mkdir()
