@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import check_clean
-from railhop_lab.harness import HarnessConfig
+from railhop_lab.harness import HarnessConfig, Progress
 from railhop_lab.vmharness import VERBS_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
@@ -82,6 +82,53 @@ def _wait_failbacks(run: VmHarnessRun, nics: tuple[int, ...], timeout: float) ->
             f"no fail-back in {timeout} s\n{_log(run, 'send')[-4000:]}"
         )
         time.sleep(0.5)
+
+
+def _joint_stall(prog: list[Progress], conns: range, t0: float, t1: float) -> float:
+    """The longest time within which none of ``conns`` completed anything, from their last
+    completion up to ``t0`` until ``t1`` (the harness's clock; still waiting at ``t1`` counts
+    until then): a stall of the whole process shows here, one connection's slow link does not
+    while the others move."""
+    last_t, last_b = prog[0].t, [prog[0].per_conn[k] for k in conns]
+    worst = 0.0
+    for p in prog:
+        if p.t > t1:
+            break
+        now = [p.per_conn[k] for k in conns]
+        if now != last_b:
+            if p.t > t0:
+                worst = max(worst, p.t - last_t)
+            last_t, last_b = p.t, now
+    return max(worst, t1 - last_t)
+
+
+def test_closing_a_blackholed_lane_keeps_the_healthy_rails_moving(lab: VmLab, built: None) -> None:
+    """Connection k rides rail k; tc drops everything on node 1's nic0. The verbs provider's
+    fi_close of an endpoint towards the dead pair (the failed lane's, the confirming probe's
+    still connecting) blocks until rdma_cm gives up on the peer: 9-36 s measured. The ofi lane
+    closes them on closer threads, so its one I/O thread keeps every other endpoint of the
+    process moving: from the fault until connection 0 has moved on, the connections on the
+    healthy rails never all stand still for a completion timeout at once (with the closes on
+    the I/O thread they all stood still 10-15 s, and some moves escalated: "no NIC pair left
+    to try"). Every byte checked."""
+    with VmHarnessRun(lab, _cfg(OPEN_S), verbose=True) as run:
+        wait_for_bytes(run, 8 * MiB, 180)
+        t_fault = run.progress()[-1].t  # the receiver's clock: its last report before the fault
+        lab.blackhole(1, 0)
+        wait_for_each_conn(run, 4 * MiB, 240)  # connection 0 too: it moved
+        t_end = run.progress()[-1].t
+        lab.heal(0)
+        run.finish()
+        res = run.wait()
+    check_clean(res, 24 * MiB)
+    stall = _joint_stall(res.recv.progress, range(1, 4), t_fault, t_end)
+    print(f"healthy rails: longest time with no completion on any of them {stall:.2f} s")
+    recv = _log(run, "recv")
+    assert _lane_failures(recv, 0) + _lane_failures(_log(run, "send"), 0), recv[-4000:]
+    assert stall < COMPLETION_S, (
+        f"every healthy rail's connection stood still {stall:.1f} s at once (>= the completion "
+        f"timeout, {COMPLETION_S} s) while the failed lane closed\n{recv[-4000:]}"
+    )
 
 
 def test_two_of_four_rails_down_then_heal_and_fail_back(lab: VmLab, built: None) -> None:
