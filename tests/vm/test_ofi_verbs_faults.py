@@ -1,8 +1,10 @@
 """Fault suites of the ofi lane over libfabric's verbs provider between the two Soft-RoCE guests.
 
 The netns fabric's failover suites (tests/privileged/test_failover.py) over real RDMA queue pairs:
-a silent blackhole on a rail, 2 of 4 rails down at once with heal and fail-back, a carrier loss
-at the sender's own end, and escalation when every rail is down. Every byte is checked by the
+a silent blackhole on a rail (and the healthy rails kept moving while the failed lane closes),
+2 of 4 rails down at once with heal and fail-back, a carrier loss at the sender's own end,
+escalation when every rail is down, and the agent in both guests moving a lane with its own
+"down". Every byte is checked by the
 harness; 0 data errors everywhere. Runs on the session's shared boot of the guests
 (tests/conftest.py). Needs root, QEMU, virtme-ng, a kernel with rxe and a built plugin and
 harness (``make ctest``); in CI a missing prerequisite fails.
@@ -17,6 +19,7 @@ import pytest
 
 from conftest import check_clean
 from railhop_lab.harness import HarnessConfig, Progress
+from railhop_lab.vmagent import AGENT_RUN_DIR, GuestAgent
 from railhop_lab.vmharness import VERBS_ENV, VmHarnessRun, wait_for_bytes, wait_for_each_conn
 from railhop_lab.vmlab import VmLab
 
@@ -30,6 +33,9 @@ MiB = 1 << 20
 COMPLETION_S = int(VERBS_ENV["RAILHOP_COMPLETION_TIMEOUT"]) / 1000
 PROBE_S = int(VERBS_ENV["RAILHOP_PROBE_TIMEOUT"]) / 1000
 OPEN_S = 420.0
+# the agent's state as `railhop status` in a guest shows it (a run once failed "nic0 not up in
+# 60 s: {}": no status answered for 60 s, while the plugin had seen the agent's "up")
+AGENT_STATE_S = 150.0
 
 
 def _cfg(duration: float = 80.0, expect_error: bool = False) -> HarnessConfig:
@@ -204,3 +210,34 @@ def test_every_rail_down_is_a_prompt_clean_error(lab: VmLab, built: None) -> Non
         assert s is not None and s.data_errors == 0, res.describe()
         assert s.first_error is not None and s.first_error.clean, res.describe()
     assert "no compatible NIC pair left" in _log(run, "send") + _log(run, "recv")
+
+
+def test_agent_down_moves_the_lane(lab: VmLab, built: None) -> None:
+    """The agent (netlink, sysfs, verbs) runs in both guests and the plugin reads it
+    (RAILHOP_RUN_DIR) with its own carrier polling off (RAILHOP_CARRIER_POLL=0): a carrier loss
+    at node 1's nic0 reaches the receiver's plugin only as the agent's "down", which fails the
+    lane there at once; the connection moves, the rail heals (the agent's "up"), the connection
+    fails back and moves on; every byte checked."""
+    env = {"RAILHOP_RUN_DIR": AGENT_RUN_DIR, "RAILHOP_CARRIER_POLL": "0"}
+    with GuestAgent(lab, 0) as a0, GuestAgent(lab, 1) as a1:
+        a0.wait_up()
+        a1.wait_up()
+        with VmHarnessRun(lab, _cfg(OPEN_S), env=env, verbose=True) as run:
+            wait_for_bytes(run, 8 * MiB, 180)
+            lab.carrier_down(0, 0, "remote")
+            # each status query is a Python start in the emulated guest: slow on a loaded host
+            a1.wait_state(lab.ifname(0), "down", AGENT_STATE_S)
+            wait_for_each_conn(run, 4 * MiB, 150)
+            lab.heal(0)
+            a1.wait_state(lab.ifname(0), "up", AGENT_STATE_S)
+            _wait_failbacks(run, (0,), 150)
+            wait_for_each_conn(run, 4 * MiB, 120)
+            run.finish()
+            res = run.wait()
+        agent_log = a1.log_text()
+    check_clean(res, 24 * MiB)
+    recv = _log(run, "recv")
+    assert "NIC nic0 marked down (agent)" in recv, recv[-4000:]
+    assert "marked down (carrier)" not in recv, recv[-4000:]
+    assert "local NIC down" in " ".join(_lane_failures(recv, 0)), recv[-4000:]
+    assert f"{lab.ifname(0)}: carrier_down from" in agent_log, agent_log[-3000:]
