@@ -172,10 +172,13 @@ int ofi_mr_get(struct ofi_dom *d, const void *addr, size_t len, uint64_t *raddr,
 	if (!ent) {
 		struct fid_mr *mr;
 
+		uint64_t t0 = ofi_us();
+
 		ofi_rc_range((uintptr_t)addr, len, &n.lo, &n.hi);
 		rc = fi_mr_reg(d->domain, (void *)n.lo, n.hi - n.lo,
 			       FI_REMOTE_WRITE | FI_WRITE | FI_SEND | FI_RECV, 0,
 			       (d->mr_mode & FI_MR_PROV_KEY) ? 0 : ofi_dom_key(d), 0, &mr, NULL);
+		ofi_slow_check(t0, "fi_mr_reg (a receive buffer)", NULL);
 		if (rc) {
 			WARN("ofi: fi_mr_reg of %zu bytes failed: %s", (size_t)(n.hi - n.lo),
 			     ofi_lf_strerror(-rc));

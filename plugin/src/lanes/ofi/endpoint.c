@@ -21,6 +21,8 @@ struct ofi_ep *ofi_ep_new(enum ep_kind kind, int nic)
 	e->d = &ofi_doms[nic];
 	e->st = ES_NEW;
 	atomic_init(&e->fenced, false);
+	atomic_init(&e->released, false);
+	e->wait_fd[0] = e->wait_fd[1] = -1;
 	atomic_init(&e->progress, 0);
 	atomic_init(&e->outstanding, 0);
 	return e;
@@ -124,11 +126,13 @@ int ofi_ep_setup(struct ofi_ep *e, struct fi_info *info)
 		int fd;
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = e };
 
-		if (fi_control(&e->cq->fid, FI_GETWAIT, &fd) == 0) {
-			epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev);
+		if (fi_control(&e->cq->fid, FI_GETWAIT, &fd) == 0 &&
+		    epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
+			e->wait_fd[0] = fd;
 		}
-		if (fi_control(&e->eq->fid, FI_GETWAIT, &fd) == 0) {
-			epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev);
+		if (fi_control(&e->eq->fid, FI_GETWAIT, &fd) == 0 &&
+		    epoll_ctl(ofi_epfd, EPOLL_CTL_ADD, fd, &ev) == 0) {
+			e->wait_fd[1] = fd;
 		}
 	}
 	return 0;
@@ -262,37 +266,42 @@ static void ep_detach(struct ofi_ep *e)
 	e->conn = NULL;
 }
 
-/* Close the endpoint: after fi_close returns the provider places and reads nothing more for
- * it (rule 1 of the fence). Then the io reference goes. */
+/* Close the endpoint (I/O thread): nothing is read or posted on it from now on. Its provider
+ * objects go to a closer thread (closer.c), whose fi_close may block on a dead peer; once they
+ * are released the I/O thread finishes the close (ofi_ep_closed) and frees it. Where no closer
+ * takes them they are closed here, at once. */
 void ofi_ep_close(struct ofi_ep *e)
 {
 	if (e->st == ES_CLOSED) {
 		return;
 	}
 	e->st = ES_CLOSED;
-	if (e->ep) {
-		fi_close(&e->ep->fid);
-		e->ep = NULL;
+	atomic_store(&e->outstanding, 0); /* nothing of it is a stalled transport any more */
+	for (int i = 0; i < 2; i++) {
+		if (e->wait_fd[i] >= 0) { /* before it closes: a ready fd would spin the I/O wait */
+			epoll_ctl(ofi_epfd, EPOLL_CTL_DEL, e->wait_fd[i], NULL);
+			e->wait_fd[i] = -1;
+		}
 	}
-	if (e->cq) {
-		fi_close(&e->cq->fid);
-		e->cq = NULL;
+	if ((e->ep || e->cq || e->eq || e->arena_mr) && ofi_closer_push(e)) {
+		e->closing = true;
+		return;
 	}
-	if (e->eq) {
-		fi_close(&e->eq->fid);
-		e->eq = NULL;
-	}
-	if (e->arena_mr) {
-		fi_close(&e->arena_mr->fid);
-		e->arena_mr = NULL;
-	}
+	ofi_ep_release_now(e);
+	ofi_ep_closed(e);
+}
+
+/* The rest of the close, once the provider places and reads nothing more for the endpoint
+ * (rule 1 of the fence): its send slots' accounting, then the io reference goes, a probe is
+ * reported, a lane stream detached. */
+void ofi_ep_closed(struct ofi_ep *e)
+{
 	for (int i = 0; i < OFI_NTX; i++) {
 		if (e->tx[i].busy && e->tx[i].core_len && e->lane) {
 			rh_core_ctrl_written(e->lane, e->tx[i].core_len);
 		}
 		e->tx[i].busy = false;
 	}
-	atomic_store(&e->outstanding, 0);
 	if (e->io_held) {
 		e->io_held = false;
 		rh_core_io_exit(e->conn);
@@ -316,7 +325,7 @@ void ofi_ep_close(struct ofi_ep *e)
 /* A transport failure: a lane error for the core (which fences the lane), a failed probe. */
 void ofi_ep_fail(struct ofi_ep *e, int err, const char *why)
 {
-	if (e->failed) {
+	if (e->failed || e->st == ES_CLOSED) { /* closed: nothing more to say about it */
 		return;
 	}
 	e->failed = true;
@@ -383,6 +392,7 @@ void ofi_on_hello(struct ofi_ep *e, const uint8_t *b, size_t len)
 		return;
 	}
 	e->st = ES_READY;
+	e->was_ready = true;
 	e->last_rx_ms = rh_now_ms();
 	e->deadline_ms = 0;
 	if (e->kind == EK_LANE_IN) {
@@ -410,6 +420,7 @@ void ofi_on_hello_ack(struct ofi_ep *e, const uint8_t *b, size_t len)
 		return;
 	}
 	e->st = ES_READY;
+	e->was_ready = true;
 	e->last_rx_ms = rh_now_ms();
 	e->deadline_ms = 0;
 	ep_cache_ports(e);

@@ -7,11 +7,13 @@
  * THE FENCE. A write is placed by the receiver's provider, not by our code, so dropping stale
  * frames (epochs) is not enough: a write still in flight after a move must not land in a
  * buffer that was completed by the replay and re-posted by the application. Four rules:
- *  1. A fenced lane's endpoints are closed (fi_close) by the I/O thread before anything else
- *     it does; once closed the provider places nothing more through them. Every lane
- *     endpoint holds one core io reference (rh_core_io_enter) from creation until that
- *     close, so close_conn() cannot return (and the application cannot free a buffer) while
- *     a provider may still read or write user memory through the lane.
+ *  1. A fenced lane's endpoints are closed by the I/O thread before anything else it does
+ *     (it reads and posts nothing more on them) and their provider objects handed to a
+ *     closer thread (closer.c: fi_close may block on a dead peer); once fi_close returned
+ *     the provider places nothing more through them. Every lane endpoint holds one core io
+ *     reference (rh_core_io_enter) from creation until that fi_close returned, so
+ *     close_conn() cannot return (and the application cannot free a buffer) while a
+ *     provider may still read or write user memory through the lane.
  *  2. After a resume at epoch M (the receiver's rx_min_epoch, the sender's resume_epoch) the
  *     sender drops every chunk of an older epoch it has not written yet and sends an EPOCH(M)
  *     marker on every endpoint of the connection; the provider orders a send after earlier
@@ -19,7 +21,7 @@
  *     old-epoch write of that endpoint has been placed.
  *  3. The receiver gives adverts of epoch >= M (every replayed chunk needs one; ADV_REQs of
  *     older epochs are answered STALE) only while the gate is open: no fenced endpoint of the
- *     connection is still open and every open endpoint of a lane that advertised before M
+ *     connection is still open (or still being closed by a closer) and every open endpoint of a lane that advertised before M
  *     has passed its marker (an advert is good for writes on every endpoint of its lane). A replayed chunk therefore cannot complete a receive (and free its buffer
  *     for reuse) while an older write to that buffer may still land. An endpoint that does not
  *     pass its marker within the completion timeout is failed (and so closed).
@@ -118,10 +120,12 @@ static bool gate_open(struct rh_conn *c, uint32_t min_epoch, struct ofi_ep **blo
 		struct ofi_lane *ol;
 
 		if (o->conn != c || (o->kind != EK_LANE && o->kind != EK_LANE_IN) ||
-		    o->st == ES_CLOSED) {
+		    (o->st == ES_CLOSED && !(o->closing && o->was_ready))) {
 			continue;
 		}
-		if (atomic_load(&o->fenced)) {
+		/* fenced, or closed with a closer still releasing it (closer.c): the provider may
+		 * still place an older write through it (one that never was ready carried none) */
+		if (atomic_load(&o->fenced) || o->st == ES_CLOSED) {
 			nfenced++;
 			*blocker = o;
 			continue;

@@ -15,6 +15,25 @@ struct ofi_ep *ofi_pending; /* created by other threads */
 struct ofi_ep *ofi_eps; /* owned by the I/O thread */
 atomic_bool ofi_wait_fds = true; /* the provider gives FI_WAIT_FD wait objects */
 
+uint64_t ofi_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void ofi_slow_check(uint64_t t0, const char *what, const struct ofi_ep *e)
+{
+	uint64_t dt = ofi_us() - t0;
+
+	if (dt > OFI_SLOW_US) {
+		WARN("ofi: I/O thread: %s took %llu ms (endpoint nic%d kind %d state %d%s)", what,
+		     (unsigned long long)(dt / 1000), e ? e->nic : -1, e ? (int)e->kind : -1,
+		     e ? (int)e->st : -1, e && atomic_load(&e->fenced) ? ", fenced" : "");
+	}
+}
+
 void ofi_io_kick(void)
 {
 	uint64_t one = 1;
@@ -433,30 +452,54 @@ static bool io_pass(uint64_t now)
 				continue;
 			}
 		}
+		uint64_t t0 = ofi_us();
+
 		ofi_ep_close(e);
+		ofi_slow_check(t0, "closing a fenced endpoint", e);
 		busy = true;
 	}
 	for (int i = 0; i < rh_core_nic_count(); i++) {
+		uint64_t t0 = ofi_us();
+
 		for (int k = 0; k < 16 && poll_pep(&ofi_doms[i], i); k++) {
 			busy = true;
 		}
+		ofi_slow_check(t0, "the passive endpoint's events", NULL);
 	}
 	for (struct ofi_ep *e = ofi_eps; e; e = e->next) {
 		if (e->st == ES_CLOSED) {
 			continue;
 		}
+		uint64_t t0 = ofi_us();
+
 		busy |= poll_eq(e);
+		ofi_slow_check(t0, "the event queue", e);
+		t0 = ofi_us();
 		busy |= poll_cq(e);
+		ofi_slow_check(t0, "the completion queue", e);
 		if (e->st != ES_CLOSED && e->deadline_ms && now > e->deadline_ms &&
 		    e->st != ES_READY) {
+			t0 = ofi_us();
 			ofi_ep_fail(e, -ETIMEDOUT, "handshake timed out");
+			ofi_slow_check(t0, "failing a timed-out handshake", e);
 			continue;
 		}
+		t0 = ofi_us();
 		pump(e);
+		ofi_slow_check(t0, "the pump", e);
 	}
 	for (struct ofi_ep **pp = &ofi_eps; *pp;) {
 		struct ofi_ep *e = *pp;
 
+		if (e->st == ES_CLOSED && e->closing) {
+			if (!atomic_load_explicit(&e->released, memory_order_acquire)) {
+				pp = &e->next; /* a closer is still at it */
+				continue;
+			}
+			e->closing = false;
+			ofi_ep_closed(e);
+			busy = true;
+		}
 		if (e->st == ES_CLOSED) {
 			*pp = e->next;
 			ofi_ep_free(e);
@@ -533,9 +576,17 @@ void *ofi_io_main(void *arg)
 			list = e->next;
 			ofi_ep_start(e);
 		}
+		uint64_t t0 = ofi_us();
+
 		busy = io_pass(rh_now_ms());
+		ofi_slow_check(t0, "a pass over the endpoints", NULL);
 		if (!busy) {
+			t0 = ofi_us();
 			io_wait();
+			if (ofi_us() - t0 >
+			    OFI_SLOW_US + 100000) { /* its epoll waits 20 ms at most */
+				ofi_slow_check(t0, "waiting for events", NULL);
+			}
 		}
 	}
 	return NULL;

@@ -21,13 +21,17 @@
  *   shim.c      libfabric loaded at run time (dlopen), called through ofi_lf_*() wrappers
  *   domain.c    one provider domain per NIC, its passive endpoint, the registration cache
  *   endpoint.c  endpoints: create, connect, send slots, handshake, close
+ *   connect.c   the connector threads (set-up and connect of the endpoints this side opens)
+ *   closer.c    the closer threads (fi_close of closed endpoints' provider objects)
  *   fence.c     adverts and one-sided writes, with the four rules of the fence (THE FENCE)
  *   io.c        the I/O thread, message dispatch, the pump, completion and event queues
  *   ops.c       the lane_ops table (ofi_lane_ops)
  *   proto.c     the pure bookkeeping they share (unit-tested): immediates, messages, tables
  *
  * Threading: one I/O thread owns every endpoint, CQ and EQ (it is the only caller of
- * fi_* on them); lane_ops callbacks (conn lock held) only set flags and wake it. Progress is
+ * fi_* on them, except a connector thread before it hands a new endpoint over and a closer
+ * thread after the I/O thread closed one: the provider calls that can block on a dead peer);
+ * lane_ops callbacks (conn lock held) only set flags and wake it. Progress is
  * the provider's (FI_PROGRESS_AUTO) or driven by this thread's CQ/EQ reads (manual).
  *
  * Memory: host memory only (NCCL_PTR_HOST). A provider reporting FI_HMEM with CUDA would let
@@ -193,6 +197,12 @@ struct ofi_ep {
 	uint64_t deadline_ms;
 	uint64_t t_fenced_ms;
 	atomic_bool fenced;
+	/* closed (ES_CLOSED) with its provider objects at a closer (closer.c): the I/O thread
+	 * finishes the close (ofi_ep_closed) once released is set, and frees it after */
+	bool closing;
+	atomic_bool released;
+	bool was_ready; /* reached ES_READY: the peer may have written through it */
+	int wait_fd[2]; /* the CQ's and the EQ's wait fds in ofi_epfd, or -1 */
 	bool failed;
 	bool probe_reported;
 	int connect_rc; /* opener: what ofi_ep_connect returned (connector thread) */
@@ -239,6 +249,7 @@ void ofi_forget(const void *addr, size_t size);
 
 /* endpoint.c */
 void ofi_ep_close(struct ofi_ep *e);
+void ofi_ep_closed(struct ofi_ep *e);
 bool ofi_ep_ctrl_only(const struct ofi_ep *e);
 void ofi_ep_fail(struct ofi_ep *e, int err, const char *why);
 void ofi_ep_free(struct ofi_ep *e);
@@ -276,12 +287,27 @@ extern struct ofi_ep *ofi_eps; /* owned by the I/O thread */
 extern atomic_bool ofi_wait_fds; /* the provider gives FI_WAIT_FD wait objects */
 void ofi_io_kick(void);
 void *ofi_io_main(void *arg);
+/* A step of the I/O thread that held it longer than OFI_SLOW_US is logged (WARN, with what it
+ * was): while it runs no endpoint of the process is progressed. */
+#define OFI_SLOW_US 100000
+uint64_t ofi_us(void);
+void ofi_slow_check(uint64_t t0, const char *what, const struct ofi_ep *e);
 
 /* connect.c: the connector threads (set-up and connect of the endpoints this side opens) */
 #define OFI_CONNECTORS 4
 void ofi_ep_push(struct ofi_ep *e); /* any thread: connect it, then hand it to the I/O thread */
 int ofi_connectors_start(void);
 void ofi_connectors_stop(void);
+
+/* closer.c: the closer threads (fi_close of closed endpoints' provider objects, off the I/O
+ * thread: the verbs provider's close blocks while rdma_cm waits on a dead peer) */
+#define OFI_CLOSERS 4
+#define OFI_CLOSE_QUEUE 256 /* endpoints waiting for a closer; beyond, closed inline */
+#define OFI_CLOSER_JOIN_MS 30000 /* the stop waits this long for closes in progress */
+bool ofi_closer_push(struct ofi_ep *e);
+void ofi_ep_release_now(struct ofi_ep *e);
+int ofi_closers_start(void);
+bool ofi_closers_stop(void);
 
 /* A registration key of the domain (any thread). */
 static inline uint64_t ofi_dom_key(struct ofi_dom *d)

@@ -35,7 +35,8 @@ static int ofi_start(int nthreads)
 	}
 	io_started = true;
 	pthread_setname_np(ofi_io_thread, "railhop-ofi");
-	return ofi_connectors_start(); /* a failed start is stopped by the caller (ofi_stop) */
+	rc = ofi_connectors_start(); /* a failed start is stopped by the caller (ofi_stop) */
+	return rc ? rc : ofi_closers_start();
 }
 
 /* Join the I/O thread, close every endpoint (their connection references go), then the
@@ -51,6 +52,10 @@ static void ofi_stop(void)
 		pthread_join(ofi_io_thread, NULL);
 		io_started = false;
 	}
+	/* the closes in progress end (bounded); what stays inside the provider past the bound
+	 * keeps its endpoint, the domains and libfabric */
+	bool released_all = ofi_closers_stop();
+
 	for (;;) {
 		struct ofi_ep *e;
 
@@ -65,9 +70,19 @@ static void ofi_stop(void)
 		if (!e) {
 			break;
 		}
+		if (e->closing) {
+			if (!atomic_load_explicit(&e->released, memory_order_acquire)) {
+				continue; /* a closer was abandoned with it: leaked */
+			}
+			e->closing = false;
+			ofi_ep_closed(e);
+		}
 		atomic_store(&e->fenced, true);
-		ofi_ep_close(e);
+		ofi_ep_close(e); /* no closer runs: closed here */
 		ofi_ep_free(e);
+	}
+	if (!released_all) {
+		return; /* a provider close still runs: the domains and libfabric stay */
 	}
 	for (int i = 0; i < RH_MAX_NICS; i++) {
 		ofi_dom_close(i);
