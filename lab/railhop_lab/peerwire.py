@@ -5,8 +5,9 @@ tests/vm/test_verbs_hostile.py over the verbs lane through :mod:`verbs_stranger`
 frame header, hellos (with a random MAC, as a stranger without the secret sends them, or signed
 with the connection secret of a connect handle, as only a holder of the handle can), the NIC
 table entries, the connect handle, and the verbs lane's queue pair address (the 25 transport
-bytes of its hellos, plugin/src/lanes/verbs/proto.h). Standard library only: it also runs in
-the VM lab's guests under the system Python.
+bytes of its hellos, plugin/src/lanes/verbs/proto.h), and the TCP segment of a captured
+Ethernet frame (:func:`tcp_segment`, for the suites' captures). Standard library only: it
+also runs in the VM lab's guests under the system Python.
 """
 
 from __future__ import annotations
@@ -160,3 +161,32 @@ def verbs_qp_info(qpn: int, psn: int, gid: bytes, mtu: int = IBV_MTU_1024) -> by
     """A verbs lane's queue pair address (verbs_qp_info_put: QPN, PSN little-endian, GID, MTU);
     values are not checked here, so a stranger can write out-of-range ones."""
     return struct.pack("<II", qpn & U32_MAX, psn & U32_MAX) + gid + bytes((mtu & 0xFF,))
+
+
+@dataclass(frozen=True)
+class TcpSegment:
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    payload: bytes
+
+
+def tcp_segment(pkt: bytes) -> TcpSegment | None:
+    """The IPv4 TCP segment of an Ethernet frame from an AF_PACKET socket, or None for any other
+    frame."""
+    if len(pkt) < 34 or pkt[12:14] != b"\x08\x00" or pkt[23] != 6:
+        return None
+    tcp = 14 + (pkt[14] & 15) * 4
+    if len(pkt) < tcp + 20:
+        return None
+    sport, dport = struct.unpack(">HH", pkt[tcp : tcp + 4])
+    doff = (pkt[tcp + 12] >> 4) * 4
+    total = struct.unpack(">H", pkt[16:18])[0]
+    return TcpSegment(
+        socket.inet_ntoa(pkt[26:30]),
+        sport,
+        socket.inet_ntoa(pkt[30:34]),
+        dport,
+        bytes(pkt[tcp + doff : 14 + total]),
+    )

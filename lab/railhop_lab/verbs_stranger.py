@@ -32,7 +32,6 @@ import json
 import random
 import select
 import socket
-import struct
 import sys
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ from railhop_lab.peerwire import (
     ipv4_gid,
     nic_entry,
     parse_handle,
+    tcp_segment,
     verbs_qp_info,
 )
 
@@ -228,27 +228,12 @@ def capture(
         pkt, addr = s.recvfrom(262144)
         if addr[2] == socket.PACKET_OUTGOING:
             continue
-        if len(pkt) < 34 or pkt[12:14] != b"\x08\x00" or pkt[23] != 6:
+        seg = tcp_segment(pkt)
+        if seg is None or seg.dport not in ports or not seg.payload:
             continue
-        ihl = (pkt[14] & 15) * 4
-        tcp = 14 + ihl
-        dport = struct.unpack(">H", pkt[tcp + 2 : tcp + 4])[0]
-        if dport not in ports:
-            continue
-        doff = (pkt[tcp + 12] >> 4) * 4
-        total = struct.unpack(">H", pkt[16:18])[0]
-        payload = pkt[tcp + doff : 14 + total]
-        if not payload:
-            continue
-        key = (
-            socket.inet_ntoa(pkt[26:30]),
-            socket.inet_ntoa(pkt[30:34]),
-            struct.unpack(">H", pkt[tcp : tcp + 2])[0],
-            dport,
-        )
-        buf = flows.setdefault(key, bytearray())
+        buf = flows.setdefault((seg.src, seg.dst, seg.sport, seg.dport), bytearray())
         if len(buf) < limit:
-            buf += payload[: limit - len(buf)]
+            buf += seg.payload[: limit - len(buf)]
     s.close()
     # the whole hello frame of each flow that opened a lane (header + its length; a probe's
     # answer proves nothing a replay could use)

@@ -11,7 +11,6 @@
  * usage: test_lifecycle PLUGIN.so [ROUNDS]
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -41,22 +40,6 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
 		atomic_fetch_add(&late_calls, 1);
 		fprintf(stderr, "logger called after finalize from %s:%d\n", file, line);
 	}
-}
-
-static int count_dir(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *e;
-	int n = 0;
-
-	if (!d) {
-		return -1;
-	}
-	while ((e = readdir(d))) {
-		n += e->d_name[0] != '.';
-	}
-	closedir(d);
-	return n - (strcmp(path, "/proc/self/fd") == 0); /* the DIR's own descriptor */
 }
 
 static double now_s(void)
@@ -234,7 +217,7 @@ int main(int argc, char **argv)
 	pthread_create(&th, NULL, nothing, NULL);
 	pthread_join(th, NULL);
 	for (int r = 0; r < rounds; r++) {
-		int threads0 = live_threads(), fds0 = count_dir("/proc/self/fd");
+		int threads0 = live_threads(), fds0 = open_fds();
 		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 		int threads, fds;
 
@@ -252,7 +235,7 @@ int main(int argc, char **argv)
 		/* Stopped: the host may release the logger now, and unload the library. */
 		atomic_store(&armed, false);
 		threads = live_threads();
-		fds = count_dir("/proc/self/fd");
+		fds = open_fds();
 		if (threads != threads0 || fds != fds0) {
 			fprintf(stderr, "round %d (%s): threads %d -> %d, descriptors %d -> %d\n",
 				r, r % 2 ? "v10" : "v12", threads0, threads, fds0, fds);
@@ -261,7 +244,7 @@ int main(int argc, char **argv)
 		EXPECT_EQ(fds, fds0);
 		EXPECT_EQ(dlclose(lib), 0);
 		EXPECT_EQ(live_threads(), threads0);
-		EXPECT_EQ(count_dir("/proc/self/fd"), fds0);
+		EXPECT_EQ(open_fds(), fds0);
 		if (test_failures) {
 			fprintf(stderr, "round %d failed\n", r);
 			break;

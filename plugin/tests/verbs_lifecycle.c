@@ -16,7 +16,6 @@
  * was clean, 1 otherwise, 2 on bad usage.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -69,22 +68,6 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
-
-	if (!d) {
-		return -1;
-	}
-	while ((e = readdir(d))) {
-		n += e->d_name[0] != '.';
-	}
-	closedir(d);
-	return n - 1; /* the DIR's own descriptor */
 }
 
 /* Objects of kind on this host's RDMA devices that belong to a user process (their line names
@@ -250,7 +233,7 @@ int main(int argc, char **argv)
 	pthread_create(&th, NULL, nothing, NULL);
 	pthread_join(th, NULL);
 	for (int r = 0; r < a.rounds; r++) {
-		int threads0 = live_threads(), fds0 = count_fds(), threads, fds;
+		int threads0 = live_threads(), fds0 = open_fds(), threads, fds;
 		int before[NKINDS], during[NKINDS] = { 0 }, after[NKINDS];
 		int failures0 = test_failures;
 		void *lib;
@@ -270,7 +253,7 @@ int main(int argc, char **argv)
 		atomic_store(&armed, false); /* finalized: the host may release the logger */
 		EXPECT_EQ(dlclose(lib), 0);
 		threads = live_threads();
-		fds = count_fds();
+		fds = open_fds();
 		rdma_counts(after, false);
 		EXPECT_EQ(threads, threads0);
 		EXPECT_EQ(fds, fds0);

@@ -6,7 +6,8 @@
  * later (about 1 in 1000 joins on a 2-core host still sees it). PF_EXITING is set before the
  * tid is cleared and never on a thread that can run user code, so this count is exact right
  * after a join: a thread that was not joined (or not stopped) is counted, a joined one is not.
- * Used by the lifecycle test and the harness to check that a finalized plugin left no thread.
+ * Used by the lifecycle test and the harness to check that a finalized plugin left no thread;
+ * open_fds() beside it, that it left no descriptor.
  */
 #ifndef RAILHOP_LIVE_THREADS_H
 #define RAILHOP_LIVE_THREADS_H
@@ -50,6 +51,24 @@ static inline int live_threads(void)
 	}
 	closedir(d);
 	return n;
+}
+
+/* The descriptors this process has open (its own directory stream's not counted); -1 when
+ * /proc/self/fd cannot be read. */
+static inline int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d) {
+		return -1;
+	}
+	while ((e = readdir(d))) {
+		n += e->d_name[0] != '.';
+	}
+	closedir(d);
+	return n - 1;
 }
 
 #endif

@@ -74,6 +74,7 @@ from railhop_lab.peerwire import (
     hello,
     nic_entry,
     parse_handle,
+    tcp_segment,
 )
 
 pytestmark = pytest.mark.privileged
@@ -412,25 +413,12 @@ class Capture:
         while not self.stop.is_set():
             ready, _, _ = select.select(self.socks, [], [], 0.1)
             for s in ready:
-                pkt = s.recv(262144)
-                if len(pkt) < 34 or pkt[12:14] != b"\x08\x00" or pkt[23] != 6:
+                seg = tcp_segment(s.recv(262144))
+                if seg is None or not seg.payload:
                     continue
-                ihl = (pkt[14] & 15) * 4
-                tcp = 14 + ihl
-                doff = (pkt[tcp + 12] >> 4) * 4
-                total = struct.unpack(">H", pkt[16:18])[0]
-                payload = pkt[tcp + doff : 14 + total]
-                if not payload:
-                    continue
-                key = (
-                    socket.inet_ntoa(pkt[26:30]),
-                    struct.unpack(">H", pkt[tcp : tcp + 2])[0],
-                    socket.inet_ntoa(pkt[30:34]),
-                    struct.unpack(">H", pkt[tcp + 2 : tcp + 4])[0],
-                )
-                buf = self.flows.setdefault(key, bytearray())
+                buf = self.flows.setdefault((seg.src, seg.sport, seg.dst, seg.dport), bytearray())
                 if len(buf) < self.LIMIT:
-                    buf += payload[: self.LIMIT - len(buf)]
+                    buf += seg.payload[: self.LIMIT - len(buf)]
 
     def close(self) -> None:
         self.stop.set()
