@@ -103,11 +103,15 @@ def fabric_fixture(
 
 @pytest.fixture(autouse=True)
 def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Heal every fault of the test's netns fabric (``fab``) or VM lab (``lab``) after it."""
+    """Heal every fault of the test's netns fabric (``fab``) or VM lab (``lab``) after it; the
+    lab's rails must then pass frames end to end (a rail left dead is named at the test that left
+    it, not at the next one that needs it)."""
     yield
     for name in ("fab", "lab"):
         if name in request.fixturenames:
             request.getfixturevalue(name).heal_all()
+    if "lab" in request.fixturenames:
+        request.getfixturevalue("lab").check_rails()
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,9 @@ per-NIC table holds the rail's /24 only (another rail is unreachable at once, no
 timeout).
 
 Commands and results cross through a directory shared with every guest (``vmguest.py`` runs the
-command files). Faults: carrier loss at either end of a rail (QMP ``set_link``: the guest whose
-netdev it is sees NO-CARRIER, its rxe port goes DOWN; the other end sees silence), a silent
+command files). Faults: carrier loss at either end of a rail (QMP ``set_link`` on a guest's
+virtio NIC, never on the socket backend (see :meth:`VmLab.set_link`): that guest sees NO-CARRIER,
+its rxe port goes DOWN; the other end sees silence), a silent
 blackhole inside a guest (tc ``clsact`` with a ``matchall`` drop both ways on that NIC, carrier
 up), flap (a bounded host thread toggling ``set_link``), heal. Every wait is bounded; the guests
 are torn down on ``__exit__``, at interpreter exit and on SIGTERM/SIGHUP (their process groups are
@@ -113,7 +114,8 @@ def find_guest_kernel(boot: Path = BOOT_DIR, modules: Path = MODULES_DIR) -> Pat
 class RailLink:
     rail: int
     port: int  # node 0 listens on 127.0.0.1:port, node 1 connects
-    netdev: str  # QEMU netdev id on both nodes (set_link target)
+    netdev: str  # QEMU netdev id on both nodes (the socket backend)
+    nicdev: str  # QEMU device id of the virtio NIC on both nodes (set_link target)
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,10 @@ def plan_lab(nodes: int, nics: int, ports: Sequence[int]) -> VmPlan:
     if len(ports) != nics or any(not 1024 <= p <= 65535 for p in ports):
         raise VmLabError(f"ports={list(ports)}: want {nics} ports in 1024..65535")
     fp = plan_fabric(nodes, nics, "vm")
-    links = tuple(RailLink(rail=i, port=ports[i], netdev=f"rail{i}") for i in range(nics))
+    links = tuple(
+        RailLink(rail=i, port=ports[i], netdev=f"rail{i}", nicdev=f"railnic{i}")
+        for i in range(nics)
+    )
     return VmPlan(nodes=nodes, nics=nics, links=links, nic_plans=fp.nic_plans)
 
 
@@ -156,7 +161,7 @@ def qemu_opts(plan: VmPlan, node: int, qmp_path: Path) -> list[str]:
         end = "listen" if node == 0 else "connect"
         opts += ["-netdev", f"socket,id={link.netdev},{end}=127.0.0.1:{link.port}"]
         mac = mac_address(node, link.rail)
-        opts += ["-device", f"virtio-net-pci,netdev={link.netdev},mac={mac}"]
+        opts += ["-device", f"virtio-net-pci,netdev={link.netdev},id={link.nicdev},mac={mac}"]
     opts += ["-qmp", f"unix:{qmp_path},server=on,wait=off"]
     return opts
 
@@ -225,6 +230,65 @@ def blackhole_script(ifname: str) -> str:
 
 def unblackhole_script(ifname: str) -> str:
     return f"tc qdisc del dev {ifname} clsact 2>/dev/null || true"
+
+
+RAIL_PROBE_PORT = 9  # nothing listens there in a guest: a refused connect proves a round trip
+RAIL_PROBE_TIMEOUT_S = 4.0  # an ARP that gets no answer fails a connect in about 3 s
+
+
+def rail_probe_program(pairs: Sequence[tuple[int, str, str]], timeout: float) -> str:
+    """A python3 program (standard library only) that tests each rail end to end: per
+    ``(nic, source, destination)`` one TCP connect from the source address to the destination's
+    closed port :data:`RAIL_PROBE_PORT`, all at once. A refusal (or an accept) means frames passed
+    both ways (ARP, SYN, RST); it prints ``<nic> ok`` or ``<nic> <errno name>`` (``EHOSTUNREACH``:
+    ARP got no answer; ``timeout``: no answer to the SYN) per rail. Pure."""
+    return (
+        "import errno, socket, sys, threading\n"
+        f"pairs = {list(pairs)!r}\n"
+        "out = {}\n"
+        "def probe(nic, src, dst):\n"
+        "    s = socket.socket()\n"
+        f"    s.settimeout({timeout!r})\n"
+        "    try:\n"
+        "        s.bind((src, 0))\n"
+        f"        s.connect((dst, {RAIL_PROBE_PORT}))\n"
+        "        out[nic] = 'ok'\n"
+        "    except ConnectionRefusedError:\n"
+        "        out[nic] = 'ok'\n"
+        "    except socket.timeout:\n"
+        "        out[nic] = 'timeout'\n"
+        "    except OSError as e:\n"
+        "        out[nic] = errno.errorcode.get(e.errno, str(e.errno))\n"
+        "    finally:\n"
+        "        s.close()\n"
+        "ts = [threading.Thread(target=probe, args=p) for p in pairs]\n"
+        "[t.start() for t in ts]\n"
+        "[t.join() for t in ts]\n"
+        "for nic, _, _ in pairs:\n"
+        "    print(nic, out.get(nic, 'no-result'))\n"
+    )
+
+
+def rail_diagnostics_script(nic: int) -> str:
+    """What a guest can tell about one rail's NIC (shell; every command may fail): link counters,
+    neighbours, qdiscs, the TX queues' in-flight bytes and timeouts, the rxe port, the kernel's
+    last lines."""
+    ifname, rxe = f"nic{nic}", rxe_name(nic)
+    return (
+        "; ".join(
+            [
+                f"ip -s -d link show {ifname}",
+                f"ip neigh show dev {ifname}",
+                f"tc -s qdisc show dev {ifname}",
+                f"for f in /sys/class/net/{ifname}/queues/tx-*/tx_timeout "
+                f"/sys/class/net/{ifname}/queues/tx-*/byte_queue_limits/inflight; "
+                'do echo "$f $(cat $f)"; done',
+                f"echo rxe port $(cat /sys/class/infiniband/{rxe}/ports/1/state)",
+                "dmesg | tail -n 25",
+            ]
+        )
+        + "; true"
+    )
 
 
 def port_states_script(nics: int) -> str:
@@ -589,6 +653,7 @@ class VmLab:
                 raise VmLabError(f"node {g.node}: setup failed rc={r.rc}: {r.stderr[-2000:]}")
         for n in range(self.plan.nodes):
             self.wait_ports(n, {i: "ACTIVE" for i in range(self.nics)}, RXE_TIMEOUT_S)
+        self.check_rails()
 
     def _boot(self, g: Guest) -> None:
         argv = vng_argv(
@@ -684,13 +749,69 @@ class VmLab:
                 raise VmLabError(f"node {node}: rxe ports {states}, want {dict(want)}")
             time.sleep(0.2)
 
+    def rail_verdicts(self, timeout: float = RAIL_PROBE_TIMEOUT_S) -> dict[int, str]:
+        """Per rail: ``ok`` when a TCP connect from node 0's end to node 1's end got an answer
+        (frames pass both ways), else why not (see :func:`rail_probe_program`); bounded."""
+        pairs = [(i, self.address(0, i), self.address(1, i)) for i in range(self.nics)]
+        prog = rail_probe_program(pairs, timeout)
+        r = self.guests[0].run(["/usr/bin/python3", "-c", prog], timeout=timeout + 30)
+        verdicts = {i: "no-result" for i in range(self.nics)}
+        for line in r.stdout.splitlines():
+            nic, _, verdict = line.partition(" ")
+            if nic.isdigit() and int(nic) in verdicts:
+                verdicts[int(nic)] = verdict
+        return verdicts
+
+    def rail_diagnostics(self, nic: int) -> str:
+        """Both guests' view of rail ``nic`` and QEMU's (``info network``), for an error."""
+        parts = []
+        for g in self.guests:
+            qemu_said = [
+                line
+                for line in g.console_tail(1 << 20).splitlines()
+                if line.startswith("qemu-system") or "serious error" in line
+            ]
+            parts.append(f"--- node {g.node}, QEMU's own messages: {qemu_said[-10:]}")
+            if g.proc is None or g.proc.poll() is not None:
+                rc = None if g.proc is None else g.proc.returncode
+                parts.append(f"--- node {g.node}: QEMU exited (rc={rc})")
+                continue
+            try:
+                r = g.sh(rail_diagnostics_script(nic), timeout=30, check=False)
+                parts.append(f"--- node {g.node}, nic{nic}:\n{r.stdout}{r.stderr}")
+            except VmLabError as e:
+                parts.append(f"--- node {g.node}, nic{nic}: {e}")
+            try:
+                info = g.qmp.execute("human-monitor-command", **{"command-line": "info network"})
+            except (VmLabError, OSError) as e:
+                info = f"(QMP: {e})"
+            parts.append(f"--- node {g.node}, QEMU info network:\n{info}")
+        return "\n".join(parts)
+
+    def check_rails(self) -> None:
+        """Every rail passes frames end to end (rxe ports ACTIVE and carrier up do not prove it);
+        a rail that does not is named with both guests' and QEMU's view of it (VmLabError)."""
+        dead = {i: v for i, v in self.rail_verdicts().items() if v != "ok"}
+        if dead:
+            diags = "\n".join(self.rail_diagnostics(i) for i in sorted(dead))
+            raise VmLabError(f"rails that pass no frames (node 0 -> node 1): {dead}\n{diags}")
+
     # -- faults -------------------------------------------------------------------------------
     def set_link(self, node: int, nic: int, up: bool) -> None:
-        """QMP ``set_link`` on ``node``'s netdev of rail ``nic`` (that guest's carrier)."""
+        """QMP ``set_link`` on ``node``'s virtio NIC of rail ``nic`` (that guest's carrier).
+
+        The NIC, never the socket backend: ``set_link`` on a ``-netdev socket`` backend marks the
+        backend down too, and QEMU (7.2 and later) then drops a frame it had half written to the
+        rail's stream without forgetting how much of it was written. The next frame goes out at
+        that offset: the other QEMU reads a bogus length and closes the stream for good ("serious
+        error: oversized packet received"), or this QEMU aborts in ``iov_copy``. The rail is then
+        dead with carrier up at both ends. On the NIC alone, the guest sees the same carrier loss,
+        frames both ways are dropped at the NIC, and the backend's stream stays whole
+        (``test_rdma_lab.py::test_carrier_loss_mid_frame_leaves_the_rail_whole``)."""
         self.plan.nic(node, nic)
         if not up:
             self._faulted.add(nic)
-        self.guests[node].qmp.execute("set_link", name=self.plan.links[nic].netdev, up=up)
+        self.guests[node].qmp.execute("set_link", name=self.plan.links[nic].nicdev, up=up)
 
     def carrier_down(self, node: int, nic: int, end: End = "local") -> None:
         """Carrier loss on ``node``'s NIC (``local``) or at the other end of its rail (``remote``:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from railhop_lab.vmlab import (
     mac_address,
     plan_lab,
     qemu_opts,
+    rail_probe_program,
     vng_argv,
 )
 
@@ -70,7 +73,7 @@ def test_qemu_opts_listen_on_node0_connect_on_node1(tmp_path: Path) -> None:
     b = qemu_opts(plan, 1, tmp_path / "q1")
     assert "socket,id=rail1,listen=127.0.0.1:20001" in a
     assert "socket,id=rail1,connect=127.0.0.1:20001" in b
-    assert f"virtio-net-pci,netdev=rail0,mac={mac_address(1, 0)}" in b
+    assert f"virtio-net-pci,netdev=rail0,id=railnic0,mac={mac_address(1, 0)}" in b
     assert a[-2:] == ["-qmp", f"unix:{tmp_path / 'q0'},server=on,wait=off"]
     # nothing that reaches the host's network
     assert not any("tap" in o or "bridge" in o or o.startswith("user") for o in a + b)
@@ -148,3 +151,14 @@ def test_runner_runs_jobs_kills_and_stops(tmp_path: Path) -> None:
         (tmp_path / "stop").write_text("{}")
         t.join(10)
     assert not t.is_alive()
+
+
+def test_rail_probe_program_tells_a_refusal_from_a_failure() -> None:
+    """The rail probe's program, run here on loopback: a refused connect is a round trip ("ok");
+    a source address this host does not have fails with its errno name; each rail on its line."""
+    prog = rail_probe_program([(0, "127.0.0.1", "127.0.0.1"), (3, "192.0.2.77", "127.0.0.1")], 2.0)
+    r = subprocess.run(
+        [sys.executable, "-c", prog], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["0 ok", "3 EADDRNOTAVAIL"], r.stdout
