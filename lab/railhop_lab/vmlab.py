@@ -243,7 +243,7 @@ def rail_probe_program(pairs: Sequence[tuple[int, str, str]], timeout: float) ->
     both ways (ARP, SYN, RST); it prints ``<nic> ok`` or ``<nic> <errno name>`` (``EHOSTUNREACH``:
     ARP got no answer; ``timeout``: no answer to the SYN) per rail. Pure."""
     return (
-        "import errno, socket, sys, threading\n"
+        "import errno, socket, threading\n"
         f"pairs = {list(pairs)!r}\n"
         "out = {}\n"
         "def probe(nic, src, dst):\n"
@@ -269,11 +269,10 @@ def rail_probe_program(pairs: Sequence[tuple[int, str, str]], timeout: float) ->
     )
 
 
-def rail_diagnostics_script(nic: int) -> str:
-    """What a guest can tell about one rail's NIC (shell; every command may fail): link counters,
-    neighbours, qdiscs, the TX queues' in-flight bytes and timeouts, the rxe port, the kernel's
-    last lines."""
-    ifname, rxe = f"nic{nic}", rxe_name(nic)
+def rail_diagnostics_script(ifname: str, rxe: str) -> str:
+    """What a guest can tell about one rail's NIC ``ifname`` and its rxe device ``rxe`` (shell;
+    every command may fail): link counters, neighbours, qdiscs, the TX queues' in-flight bytes and
+    timeouts, the rxe port, the kernel's last lines."""
     return (
         "; ".join(
             [
@@ -777,7 +776,8 @@ class VmLab:
                 parts.append(f"--- node {g.node}: QEMU exited (rc={rc})")
                 continue
             try:
-                r = g.sh(rail_diagnostics_script(nic), timeout=30, check=False)
+                script = rail_diagnostics_script(self.plan.nic(g.node, nic).ifname, rxe_name(nic))
+                r = g.sh(script, timeout=30, check=False)
                 parts.append(f"--- node {g.node}, nic{nic}:\n{r.stdout}{r.stderr}")
             except VmLabError as e:
                 parts.append(f"--- node {g.node}, nic{nic}: {e}")
