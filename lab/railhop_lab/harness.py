@@ -194,6 +194,10 @@ class HarnessConfig:
     expect_error: bool = False
     seed: int | None = None
     api: int | None = None
+    # "nccl": NCCL's call order (closeListen right after accept, regMr per buffer, deregMr then
+    # close then finalize); exit_open: exit with every comm open, as torch does
+    order: str = "harness"
+    exit_open: bool = False
 
     def validate(self) -> None:
         if self.conns < 1:
@@ -220,6 +224,8 @@ class HarnessConfig:
             raise HarnessError(f"duration={self.duration} must be below deadline={self.deadline}")
         if self.api is not None and not 8 <= self.api <= 12:
             raise HarnessError(f"api={self.api}: want 8..12")
+        if self.order not in ("harness", "nccl"):
+            raise HarnessError(f"order={self.order!r}: want 'harness' or 'nccl'")
 
 
 def build_argv(
@@ -248,6 +254,10 @@ def build_argv(
         argv += ["--seed", str(cfg.seed)]
     if cfg.api is not None:
         argv += ["--api", str(cfg.api)]
+    if cfg.order != "harness":
+        argv += ["--order", cfg.order]
+    if cfg.exit_open:
+        argv.append("--exit-open")
     return argv
 
 

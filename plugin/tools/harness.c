@@ -12,6 +12,15 @@
  * 1 otherwise, 2 bad usage or devices, 3 the --deadline passed, 4 (when it would be 0) a
  * plugin thread still ran or the plugin logged after the teardown (teardown()).
  * tests/privileged/test_datapath*.py and test_teardown.py drive it.
+ *
+ * --order nccl follows NCCL's net transport (src/transport/net.cc, src/proxy.cc) instead of the
+ * harness's own order: the receiver closes each listen comm as soon as its accept returned a
+ * comm (recvProxyConnect); every buffer slot is registered on its own (regMr per buffer); at
+ * the end deregMr, then closeSend/closeRecv, then finalize (v11+), never closeListen again.
+ * --exit-open ends like a torch process that never destroys its process group: the summary
+ * is printed and the process exits with every comm, registration and the context still open
+ * (the plugin's threads running); the exit status must still be the run's.
+ * tests/privileged/test_nccl_order.py drives both.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -59,6 +68,8 @@ static struct {
 	uint64_t seed;
 	int api;
 	bool verbose;
+	bool nccl_order; /* --order nccl */
+	bool exit_open; /* --exit-open */
 } opt = { .conns = 1,
 	  .count = -1,
 	  .duration = -1,
@@ -258,6 +269,7 @@ struct slot {
 	int n;
 	bool end;
 	char *buf[MAX_GROUP];
+	void *mh[MAX_GROUP]; /* --order nccl: each buffer's own registration */
 };
 
 struct conn {
@@ -350,7 +362,8 @@ static void usage(void)
 		"usage: railhop-harness --plugin PATH --role recv|send --rendezvous DIR [--conns N]\n"
 		"  [--devs 0,1,..] [--sizes S[,S..]] [--count M | --duration SEC] [--inflight K]\n"
 		"  [--grouped G] [--interval-ms MS] [--deadline SEC] [--expect-error] [--seed S]\n"
-		"  [--api 8..12] [--stop-file PATH] [--verbose]   (NCCL_DEBUG=INFO implies --verbose)\n");
+		"  [--api 8..12] [--stop-file PATH] [--order harness|nccl] [--exit-open] [--verbose]\n"
+		"  (NCCL_DEBUG=INFO implies --verbose)\n");
 	exit(2);
 }
 
@@ -365,7 +378,8 @@ static void parse_args(int argc, char **argv)
 		{ "interval-ms", 1, 0, 'i' },  { "deadline", 1, 0, 'T' },
 		{ "expect-error", 0, 0, 'e' }, { "seed", 1, 0, 'S' },
 		{ "api", 1, 0, 'a' },	       { "verbose", 0, 0, 'v' },
-		{ "stop-file", 1, 0, 'F' },    { 0, 0, 0, 0 },
+		{ "stop-file", 1, 0, 'F' },    { "order", 1, 0, 'o' },
+		{ "exit-open", 0, 0, 'x' },    { 0, 0, 0, 0 },
 	};
 	long long tmp[MAX_SIZES];
 	int c, n;
@@ -448,6 +462,16 @@ static void parse_args(int argc, char **argv)
 		case 'v':
 			opt.verbose = true;
 			break;
+		case 'o':
+			if (!strcmp(optarg, "nccl")) {
+				opt.nccl_order = true;
+			} else if (strcmp(optarg, "harness")) {
+				usage();
+			}
+			break;
+		case 'x':
+			opt.exit_open = true;
+			break;
 		default:
 			usage();
 		}
@@ -513,6 +537,13 @@ static void close_all(void)
 
 		if (c->comm && c->mh) {
 			CALL(deregMr, c->comm, c->mh);
+		}
+		for (int s = 0; c->comm && s < MAX_INFLIGHT; s++) {
+			for (int g = 0; g < MAX_GROUP; g++) {
+				if (c->s[s].mh[g]) {
+					CALL(deregMr, c->comm, c->s[s].mh[g]);
+				}
+			}
 		}
 		if (c->comm) {
 			if (opt.role == ROLE_SEND) {
@@ -611,6 +642,15 @@ static int setup(double deadline)
 					req_error(r, "accept");
 					return -1;
 				}
+				if (c->comm && opt.nccl_order) {
+					/* recvProxyConnect: the listen comm goes at once */
+					r = CALL(closeListen, c->lc);
+					c->lc = NULL;
+					if (r != ncclSuccess) {
+						req_error(r, "accept");
+						return -1;
+					}
+				}
 			} else {
 				if (!c->connected) {
 					FILE *f;
@@ -679,13 +719,20 @@ static int alloc_buffers(void)
 			perror("mmap");
 			return -1;
 		}
-		if (CALL(regMr, c->comm, c->mem, len, NCCL_PTR_HOST, &c->mh) != ncclSuccess) {
+		if (!opt.nccl_order &&
+		    CALL(regMr, c->comm, c->mem, len, NCCL_PTR_HOST, &c->mh) != ncclSuccess) {
 			req_error(ncclInternalError, "isend");
 			return -1;
 		}
 		for (int s = 0; s < eff_inflight; s++) {
 			for (int g = 0; g < opt.grouped; g++) {
 				c->s[s].buf[g] = c->mem + (size_t)(s * opt.grouped + g) * maxsz;
+				if (opt.nccl_order &&
+				    CALL(regMr, c->comm, c->s[s].buf[g], maxsz, NCCL_PTR_HOST,
+					 &c->s[s].mh[g]) != ncclSuccess) {
+					req_error(ncclInternalError, "isend");
+					return -1;
+				}
 			}
 		}
 	}
@@ -724,7 +771,7 @@ static int post(int i, bool stop_sending)
 		for (int g = 0; g < G; g++) {
 			sizes[g] = c->bufsz;
 			tags[g] = 100 + g;
-			mh[g] = c->mh;
+			mh[g] = opt.nccl_order ? sl->mh[g] : c->mh;
 		}
 		r = n_irecv(c->comm, G, (void **)sl->buf, sizes, tags, mh, &req);
 		if (r != ncclSuccess) {
@@ -770,7 +817,8 @@ static int post(int i, bool stop_sending)
 		} else {
 			fill(sl->buf[0], sz, i, msg);
 		}
-		r = n_isend(c->comm, sl->buf[0], sz, 100 + tag_slot, c->mh, &req);
+		r = n_isend(c->comm, sl->buf[0], sz, 100 + tag_slot,
+			    opt.nccl_order ? sl->mh[0] : c->mh, &req);
 		if (r != ncclSuccess) {
 			req_error(r, "isend");
 			return -1;
@@ -996,5 +1044,10 @@ int main(int argc, char **argv)
 out:
 	progress_line();
 	rc = summary(0);
+	if (opt.exit_open) {
+		/* torch: no destroy, no close, no finalize; exit() with the plugin running */
+		fflush(NULL);
+		exit(rc);
+	}
 	return teardown(rc);
 }

@@ -194,10 +194,8 @@ int rh_conn_open_lane(struct rh_conn *c, struct rh_lane *l, int kind, int timeou
 	h.kind = (uint8_t)kind;
 	h.nstreams = (uint8_t)l->nstreams;
 	h.lane_id = l->id;
-	h.listen_id = 0;
-	if (kind == RH_HELLO_CONN && c->listen == NULL) {
-		h.listen_id = c->remote_listen_id;
-	}
+	/* only a connector founds a connection; the acceptor's remote_listen_id is 0 */
+	h.listen_id = kind == RH_HELLO_CONN ? c->remote_listen_id : 0;
 	h.src_nic = (int16_t)l->lnic;
 	h.dst_nic = (int16_t)l->rnic;
 	if (l->standby && kind == RH_HELLO_LANE) {

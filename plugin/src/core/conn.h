@@ -184,8 +184,11 @@ struct rh_conn {
 	bool peer_lane_any;
 	uint32_t peer_lane_max;
 	uint64_t peer_lane_seen;
-	struct rh_listen *listen;
-	struct rh_conn *lnext;
+	/* Acceptor: the id of the listener that founded it (0 once that listener is closed).
+	 * Never a pointer: NCCL frees the listen comm as soon as its accept returns, while
+	 * the peer's later lanes still say hello; rh_listen_find() looks it up under g.mu. */
+	uint64_t listen_id;
+	struct rh_conn *lnext; /* the listener's ready queue (g.mu) */
 	struct rh_conn *gnext;
 	struct rh_fo fo;
 };
@@ -226,6 +229,9 @@ struct rh_global {
 };
 
 extern struct rh_global rh_g;
+
+/* The open listener with this id, or NULL (it was closed: the host freed it). g.mu held. */
+struct rh_listen *rh_listen_find(uint64_t id);
 
 /* Local NIC i is usable now (no health source holds it down). */
 static inline bool rh_nic_is_up(int i)

@@ -105,10 +105,12 @@ static struct rh_listen_rec *listen_rec(struct rh_listen *ls, uint64_t id, bool 
 	return r;
 }
 
-/* After peer_lane_mark: the listener's record follows the connection's. */
+/* After peer_lane_mark: the listener's record follows the connection's (while the listener is
+ * open: once NCCL closed it, no hello can re-found the connection, so no record is needed). */
 static void listen_rec_update(struct rh_conn *c)
 {
-	struct rh_listen_rec *r = c->listen ? listen_rec(c->listen, c->id, true) : NULL;
+	struct rh_listen *ls = c->listen_id ? rh_listen_find(c->listen_id) : NULL;
+	struct rh_listen_rec *r = ls ? listen_rec(ls, c->id, true) : NULL;
 
 	if (r) {
 		r->any = c->peer_lane_any;
@@ -229,11 +231,7 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 	struct rh_listen *ls;
 	struct rh_conn *c;
 
-	for (ls = rh_g.listens; ls; ls = ls->next) {
-		if (ls->id == h->listen_id) {
-			break;
-		}
-	}
+	ls = h->listen_id ? rh_listen_find(h->listen_id) : NULL;
 	if (!ls) {
 		refuse(hdr, h, "no such listener");
 		return NULL;
@@ -244,7 +242,7 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 	}
 	c = rh_registry_find(hdr->conn_id, false);
 	if (c) {
-		if (c->listen != ls || !rh_auth_equal(c->conn_nonce[0], h->nonce, RH_NONCE_LEN)) {
+		if (c->listen_id != ls->id || !rh_auth_equal(c->conn_nonce[0], h->nonce, RH_NONCE_LEN)) {
 			refuse(hdr, h, "another connection's hello");
 			return NULL;
 		}
@@ -272,7 +270,7 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 		return NULL;
 	}
 	c->id = hdr->conn_id;
-	c->listen = ls;
+	c->listen_id = ls->id;
 	c->dev = ls->dev;
 	c->lnic_orig = h->dst_nic;
 	c->rnic_orig = h->src_nic;
@@ -438,7 +436,7 @@ void rh_core_stream_answered(struct rh_lane *l)
 void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 {
 	struct rh_conn *c = l->conn;
-	bool push = false;
+	struct rh_listen *ls = NULL;
 
 	pthread_mutex_lock(&rh_g.mu);
 	pthread_mutex_lock(&c->mu);
@@ -474,16 +472,14 @@ void rh_core_stream_ready(struct rh_lane *l, const struct rh_hello *reply)
 	} else if (!c->ready) {
 		c->ready = true;
 		rh_conn_pick_ctrl_lane(c);
-		push = !c->is_send && c->listen;
-		if (!c->is_send && !c->listen) {
+		ls = !c->is_send && c->listen_id ? rh_listen_find(c->listen_id) : NULL;
+		if (!c->is_send && !ls) {
 			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
 		}
 	} else {
 		rh_fo_lane_up(c, l);
 	}
-	if (push) {
-		struct rh_listen *ls = c->listen;
-
+	if (ls) {
 		ls->seen[ls->nseen++ % RH_LISTEN_SEEN] = c->id;
 		if (ls->ready_tail) {
 			ls->ready_tail->lnext = c;

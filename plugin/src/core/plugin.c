@@ -591,9 +591,17 @@ int rh_close_recv(void *recv_comm)
 	return 0;
 }
 
+/*
+ * NCCL closes a listen comm as soon as its accept returned (and at teardown, in any order with
+ * the comms). In one registry section: unlink it, take its ready queue and cut every connection
+ * it founded loose (listen_id = 0: accepted ones go on, pending ones fail and the ticker drops
+ * them); then the never-accepted ready ones are closed and the memory goes back to the host's
+ * side. No connection, lane or transport thread keeps a pointer to it.
+ */
 int rh_close_listen(void *listen_comm)
 {
-	struct rh_listen *l = listen_comm, *drop;
+	struct rh_listen *l = listen_comm;
+	struct rh_conn *ready;
 
 	pthread_mutex_lock(&rh_g.mu);
 	for (struct rh_listen **pp = &rh_g.listens; *pp; pp = &(*pp)->next) {
@@ -602,30 +610,48 @@ int rh_close_listen(void *listen_comm)
 			break;
 		}
 	}
-	drop = l;
+	ready = l->ready_head;
+	l->ready_head = l->ready_tail = NULL;
+	for (struct rh_conn *c = ready; c; c = c->lnext) {
+		pthread_mutex_lock(&c->mu);
+		c->accepted = true; /* taken by this close as by an accept: the ticker leaves it */
+		pthread_mutex_unlock(&c->mu);
+	}
+	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
+		if (c->is_send || c->listen_id != l->id) {
+			continue;
+		}
+		pthread_mutex_lock(&c->mu);
+		c->listen_id = 0;
+		if (!c->accepted && !c->ready) {
+			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
+		}
+		pthread_mutex_unlock(&c->mu);
+	}
 	pthread_mutex_unlock(&rh_g.mu);
-	/* Connections established but never accepted are closed with the listener. */
-	while (drop->ready_head) {
-		struct rh_conn *c = drop->ready_head;
+	/* Connections established but never accepted are closed with the listener (the ready
+	 * queue's reference is the one close_conn drops). */
+	while (ready) {
+		struct rh_conn *c = ready;
 
-		drop->ready_head = c->lnext;
+		ready = c->lnext;
+		c->lnext = NULL;
 		close_conn(c);
 	}
-	/* Pending (not yet ready) connections of this listener: nobody can accept them any
-	 * more. Fail them so the ticker drops them (they would leak otherwise). */
-	pthread_mutex_lock(&rh_g.mu);
-	for (struct rh_conn *c = rh_g.conns; c; c = c->gnext) {
-		if (c->listen == l && !c->accepted) {
-			pthread_mutex_lock(&c->mu);
-			c->listen = NULL;
-			rh_conn_fail(c, -ECONNABORTED, "listener closed before accept");
-			pthread_mutex_unlock(&c->mu);
-		}
-	}
-	pthread_mutex_unlock(&rh_g.mu);
+	memset(l, 0, sizeof(*l)); /* the connection secret does not outlive the listener */
 	free(l);
 	release();
 	return 0;
+}
+
+struct rh_listen *rh_listen_find(uint64_t id)
+{
+	for (struct rh_listen *l = rh_g.listens; l; l = l->next) {
+		if (l->id == id) {
+			return l;
+		}
+	}
+	return NULL;
 }
 
 /* --- the ticker's sweep over the connections (core/health.c runs it every 20 ms) --- */
@@ -654,7 +680,7 @@ void rh_registry_tick(uint64_t now)
 		} else {
 			rh_fo_tick(c, now);
 			if (c->err && !c->is_send && c->registered && !c->accepted &&
-			    (!c->ready || !c->listen)) {
+			    (!c->ready || !c->listen_id)) {
 				/* half-open incoming connection, or one its listener will never
 				 * hand out */
 				registry_del(c);
