@@ -94,8 +94,8 @@ def torch_for(fake: bool, gpus: int) -> str | None:
 
 
 def init_process_group(cfg: Mapping[str, Any]) -> None:
-    """In a worker: torch's NCCL process group of the two ranks, rendezvous at the master's
-    fabric address (``cfg``: rank, master, port, pg_timeout)."""
+    """In a worker: torch's NCCL process group of ``cfg["world"]`` ranks (default 2), rendezvous
+    at the master's fabric address (``cfg``: rank, master, port, pg_timeout)."""
     import datetime
 
     import torch.distributed as dist
@@ -104,7 +104,7 @@ def init_process_group(cfg: Mapping[str, Any]) -> None:
         "nccl",
         init_method=f"tcp://{cfg['master']}:{cfg['port']}",
         rank=int(cfg["rank"]),
-        world_size=2,
+        world_size=int(cfg.get("world", 2)),
         timeout=datetime.timedelta(seconds=float(cfg["pg_timeout"])),
     )
 

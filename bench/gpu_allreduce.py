@@ -6,6 +6,13 @@ For a host with 2 GPUs (torch with NCCL built in), run as root:
     python3 bench/gpu_allreduce.py --plugin /abs/path/libnccl-net-railhop.so
     python3 bench/gpu_allreduce.py --plugin PATH --fault blackhole     # fault mid-run
     python3 bench/gpu_allreduce.py --plugin PATH --quick
+    python3 bench/gpu_allreduce.py --plugin PATH --ranks 4 --gpus 0 --transports railhop
+
+--ranks N runs N ranks on an N-node fabric (rank r in node r; ranks may share one GPU, --gpus
+lists the GPU of rank r as --gpus[r % len]). --no-destroy ends every rank as a torch script that
+never destroys its process group does (the interpreter exits with every communicator open).
+Every rank's exit status is reported; --sanitizer-check scans each rank's log for AddressSanitizer
+/ ThreadSanitizer reports (a plugin built with a sanitizer, its runtime in --env LD_PRELOAD).
 
 It builds the two-node, four-NIC fabric (railhop_lab.fabric; pyroute2 only, no `ip`/`tc`), then runs
 torch.distributed all-reduce with 2 ranks, one per network namespace (rank r on GPU r), forcing
@@ -20,7 +27,8 @@ Fair comparison, same fabric, same run:
            NCCL_NSOCKS_PERTHREAD (default 4 x 4, the tuning NCCL's docs suggest).
 Every reduced value is checked on the GPU (expected = sum of the ranks' inputs, exact in fp32).
 Prints busbw per size and the railhop/Socket ratio; which NICs carried bytes is read from the
-fabric's counters. --fault injects a NIC fault (node 1's nic1) mid-run with railhop and reports
+fabric's counters. --fault injects a NIC fault (node 1's nic1; carrier-remote: its spine-side
+peer loses carrier, the cable pulled at the switch) mid-run with railhop and reports
 busbw before/during/after and the step-time spikes. Every wait is bounded; every child process
 is killed at the end.
 """
@@ -133,9 +141,10 @@ def worker(cfg: dict[str, Any]) -> int:
                 }
             )
         _emit({"type": "result", "size": cfg["fault_size"], "bad": int(bad.item())})
-    dist.destroy_process_group()
+    if cfg.get("destroy", True):
+        dist.destroy_process_group()
     _emit({"type": "done", "bad": int(bad.item())})
-    return 0
+    return 0  # without destroy: the interpreter exits with the communicator open (torch's way)
 
 
 def _nccl_version() -> str:
@@ -161,6 +170,7 @@ def transport_env(args: argparse.Namespace, transport: str, rundir: Path) -> lis
         common={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
         socket_threads=args.socket_threads,
         socket_nsocks=args.socket_nsocks,
+        nranks=args.ranks,
     )
 
 
@@ -169,6 +179,34 @@ def start_ranks(
 ) -> _gpu.Ranks:
     envs = transport_env(args, transport, tmp)
     return _gpu.Ranks(fab, Path(__file__).resolve(), envs, cfg, tmp, name)
+
+
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "WARNING: ThreadSanitizer", "ERROR: LeakSanitizer")
+
+
+def sanitizer_reports(ranks: _gpu.Ranks) -> list[str]:
+    """The sanitizer report lines of every rank's log (rank-prefixed)."""
+    out = []
+    for r, log in enumerate(ranks.logs):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        out += [
+            f"rank{r}: {ln.strip()}"
+            for ln in text.splitlines()
+            if any(m in ln for m in SANITIZER_MARKERS)
+        ]
+    return out
+
+
+def busbw_factor(n: int) -> float:
+    """All-reduce bus bandwidth over algorithm bandwidth for n ranks (1 for 2 ranks)."""
+    return 2 * (n - 1) / n
+
+
+def all_tails(ranks: _gpu.Ranks) -> str:
+    return "\n".join(f"--- rank{r} ---\n{ranks.tail(r)}" for r in range(len(ranks.procs)))
 
 
 def nic_delta(before: dict[Any, Any], after: dict[Any, Any]) -> list[int]:
@@ -186,6 +224,8 @@ def run_sweep(
         "master": fab.address(0, 0),
         "port": port,
         "pg_timeout": args.timeout,
+        "world": args.ranks,
+        "destroy": not args.no_destroy,
     }
     before = fab.counters()
     t0 = time.monotonic()
@@ -193,8 +233,10 @@ def run_sweep(
     finished = ranks.finish(args.timeout)
     after = fab.counters()
     res = {r["size"]: r for r in ranks.of("result", 0)}
-    bad = max((x.get("bad", 0) for rr in range(2) for x in ranks.of("result", rr)), default=0)
+    nr = len(ranks.procs)
+    bad = max((x.get("bad", 0) for rr in range(nr) for x in ranks.of("result", rr)), default=0)
     rcs = [p.returncode for p in ranks.procs]
+    san = sanitizer_reports(ranks)
     out = {
         "transport": transport,
         "finished": finished,
@@ -204,12 +246,14 @@ def run_sweep(
         "nic_tx_bytes": nic_delta(before, after),
         "wall_s": time.monotonic() - t0,
         "nccl": next((x.get("nccl") for x in ranks.of("init", 0)), "?"),
+        "ranks": nr,
+        "destroy": cfg["destroy"],
+        "sanitizer_reports": san[:20],
     }
-    if not finished or any(rc != 0 for rc in rcs) or len(res) < len(sizes):
+    if not finished or any(rc != 0 for rc in rcs) or len(res) < len(sizes) or san:
         out["error"] = (
             f"{transport}: finished={finished} rc={rcs} results={len(res)}/"
-            f"{len(sizes)}\n--- rank0 ---\n{ranks.tail(0)}\n--- rank1 ---\n"
-            f"{ranks.tail(1)}"
+            f"{len(sizes)} sanitizer reports={len(san)}\n{all_tails(ranks)}"
         )
     return out
 
@@ -226,6 +270,8 @@ def run_fault(
         "master": fab.address(0, 0),
         "port": port,
         "pg_timeout": args.timeout,
+        "world": args.ranks,
+        "destroy": not args.no_destroy,
     }
     ranks = start_ranks(args, fab, transport, cfg, tmp, f"{transport}-fault")
     deadline = time.monotonic() + args.timeout
@@ -241,7 +287,7 @@ def run_fault(
             if t_first is not None and t_fault is None and now - t_first >= fault_at:
                 t_fault = time.time()
                 inject(fab, args.fault)
-                print(f"  [{transport}] fault injected: {args.fault} on node 1 nic1")
+                print(f"  [{transport}] fault injected: {args.fault} on node 1 nic1", flush=True)
             if t_fault is not None and t_heal is None and now - t_first >= heal_at:  # type: ignore[operator]
                 t_heal = time.time()
                 fab.heal_all()
@@ -256,19 +302,30 @@ def run_fault(
         fab.heal_all()
         finished = ranks.finish(0.0 if hung else max(1.0, deadline - time.monotonic()))
     steps = ranks.of("step", 0)
-    bad = max((x.get("bad") or 0 for rr in range(2) for x in ranks.lines[rr]), default=0)
+    nr = len(ranks.procs)
+    bad = max((x.get("bad") or 0 for rr in range(nr) for x in ranks.lines[rr]), default=0)
+    san = sanitizer_reports(ranks)
+    plan = ranks.of("plan", 0)
     rep: dict[str, Any] = {
         "transport": transport,
         "fault": args.fault,
+        "ranks": nr,
         "hung": hung,
         "finished": finished,
         "returncodes": [p.returncode for p in ranks.procs],
         "bad": bad,
         "steps": len(steps),
+        "planned_steps": plan[0]["steps"] if plan else None,
+        "sanitizer_reports": san[:20],
     }
     if t_fault is None or not steps:
-        rep["error"] = f"no fault window ({len(steps)} steps)\n{ranks.tail(0)}\n{ranks.tail(1)}"
+        rep["error"] = f"no fault window ({len(steps)} steps)\n{all_tails(ranks)}"
         return rep
+    if not finished or any(rc != 0 for rc in rep["returncodes"]) or san or hung:
+        rep["error"] = (
+            f"finished={finished} rc={rep['returncodes']} hung={hung} sanitizer reports="
+            f"{len(san)}\n{all_tails(ranks)}"
+        )
     size = args.fault_size
 
     def phase(t0: float, t1: float) -> list[float]:
@@ -281,7 +338,7 @@ def run_fault(
     healthy = statistics.median(before) if before else float("nan")
 
     def bw(xs: list[float]) -> float | None:
-        return size / statistics.median(xs) / 1e9 if xs else None
+        return size / statistics.median(xs) / 1e9 * busbw_factor(nr) if xs else None
 
     rep.update(
         {
@@ -302,6 +359,8 @@ def inject(fab: Any, fault: str) -> None:
         fab.blackhole(1, 1)
     elif fault == "carrier":
         fab.carrier_down(1, 1)
+    elif fault == "carrier-remote":
+        fab.carrier_down(1, 1, end="remote")  # the cable pulled at the switch
     elif fault == "two":
         fab.blackhole(1, 1)
         fab.carrier_down(1, 2)
@@ -321,7 +380,7 @@ def main() -> int:
     ap.add_argument("--rate-mbit", type=int, default=None, help="tbf per NIC (default: none)")
     ap.add_argument(
         "--fault",
-        choices=["blackhole", "carrier", "two"],
+        choices=["blackhole", "carrier", "carrier-remote", "two"],
         default=None,
         help="also run a fault timeline (railhop; socket: --fault-transports)",
     )
@@ -332,6 +391,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="bound per transport run (s)")
     ap.add_argument("--quick", action="store_true", help="sizes 4M,64M,256M, 5 iters")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks, one per fabric node (default 2)")
+    ap.add_argument("--no-destroy", action="store_true", help="exit without destroying the group")
     args = ap.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
@@ -349,13 +410,16 @@ def main() -> int:
     _common.setup_import_path()
     from railhop_lab.fabric import Fabric, unique_prefix
 
-    tv, why = _gpu.torch_problem(gpus=2)
+    if args.ranks < 2:
+        ap.error("--ranks: want >= 2")
+    tv, why = _gpu.torch_problem(gpus=len({g.strip() for g in args.gpus.split(",")}))
     if why is not None:
         print(why, file=sys.stderr)
         return 2
     print(f"railhop GPU all-reduce | {_common.stamp()} | {_common.machine()} | torch {tv}")
     print(
-        f"  2 ranks, GPUs {args.gpus}, fabric 2 nodes x 4 NICs (veth, MTU {args.mtu}, "
+        f"  {args.ranks} ranks, GPUs {args.gpus}, fabric {args.ranks} nodes x 4 NICs (veth, "
+        f"MTU {args.mtu}, "
         f"tbf {args.rate_mbit or 'none'}), sizes {args.sizes}, iters {args.iters}"
     )
     results: dict[str, Any] = {
@@ -371,7 +435,11 @@ def main() -> int:
     with (
         tempfile.TemporaryDirectory(prefix="railhop-gpu-") as tmpd,
         Fabric(
-            nodes=2, nics=4, rate_mbit=args.rate_mbit, prefix=unique_prefix("rhgpu"), mtu=args.mtu
+            nodes=args.ranks,
+            nics=4,
+            rate_mbit=args.rate_mbit,
+            prefix=unique_prefix("rhgpu"),
+            mtu=args.mtu,
         ) as fab,
     ):
         tmp = Path(tmpd)
@@ -396,8 +464,14 @@ def main() -> int:
                 if "error" in rep:
                     print(f"  {tr} fault run: {rep['error']}")
                     rc = rc or (1 if tr == "railhop" else 0)
+    for out in results["sweep"].values():
+        print(f"  {out['transport']:8} exit status by rank: {out['returncodes']}")
+    for rep in results["fault"]:
+        print(
+            f"  fault [{rep['transport']}/{rep['fault']}] exit status by rank: {rep['returncodes']}"
+        )
     # summary
-    print("\nsummary (busbw = algbw x 2(n-1)/n = algbw for 2 ranks, GB/s; values checked):")
+    print(f"\nsummary ({args.ranks} ranks, busbw = algbw x 2(n-1)/n, GB/s; values checked):")
     sw = results["sweep"]
     trs = list(sw)
     print(
@@ -410,7 +484,7 @@ def main() -> int:
         bws = {}
         for t in trs:
             r = sw[t]["results"].get(size)
-            bws[t] = size / r["time_s"] / 1e9 if r else None
+            bws[t] = size / r["time_s"] / 1e9 * busbw_factor(args.ranks) if r else None
             row += f"{bws[t]:12.3f}" if bws[t] is not None else f"{'-':>12}"
         if bws.get("railhop") and bws.get("socket"):
             row += f"   {bws['railhop'] / bws['socket']:8.3f}x"
