@@ -72,7 +72,9 @@ def worker(cfg: dict[str, Any]) -> int:
     def buffers(size: int) -> tuple[Any, Any, Any]:
         n = max(1, size // 4)
         base = (torch.arange(n, device="cuda", dtype=torch.int32) % 1021).float()
-        return base * (rank + 1), base * 3, torch.empty(n, device="cuda", dtype=torch.float32)
+        world = int(cfg.get("world", 2))  # rank r adds (r + 1) x base: the sum is base x w(w+1)/2
+        exp = base * (world * (world + 1) // 2)
+        return base * (rank + 1), exp, torch.empty(n, device="cuda", dtype=torch.float32)
 
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
 

@@ -76,6 +76,7 @@ def plugin_tree(repo: Path = REPO) -> dict[str, str | None]:
     try:
         r = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD:plugin"],
+            check=False,
             capture_output=True,
             text=True,
             timeout=10,
@@ -96,7 +97,9 @@ def _load(p: Path) -> dict[str, Any] | None:
 
 def _gpu_name() -> str | None:
     try:
-        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["nvidia-smi", "-L"], check=False, capture_output=True, text=True, timeout=20
+        )
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired, IndexError):
         return None
