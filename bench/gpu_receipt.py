@@ -6,8 +6,9 @@ tree ran, where, and how every run ended.
 
 DIR holds what the suite's runs wrote: ``side.json``, ``blackhole.json``, ``r4.json``,
 ``asan.json`` (bench/gpu_allreduce.py --json) and ``cycle/gpu_cycle.json`` (bench/gpu_cycle.py).
-The receipt has the plugin's git tree hash (``git rev-parse HEAD:plugin`` of a clean checkout;
-computed from the files when the tree travelled without .git), the date, the GPU, the NCCL and
+The receipt has the plugin's git tree hash, computed from the files that ran (equal to ``git
+rev-parse HEAD:plugin`` of the commit they came from; the copy on the GPU host carries no
+usable .git), the date, the GPU, the NCCL and
 torch versions, every run's exit status by rank, wrong values, sanitizer reports, the
 railhop/Socket ratios by size, the cycle's verdicts and one overall ``verdict``: PASS only when
 every rank of every run exited 0, no value was wrong, no sanitizer reported, no run hung, the
@@ -68,24 +69,6 @@ def git_tree_hash(path: Path) -> str:
     if sha is None:
         raise ValueError(f"{path}: no files")
     return sha.hex()
-
-
-def plugin_tree(repo: Path = REPO) -> dict[str, str | None]:
-    """The tree hash of ``repo/plugin`` from the files, and git's own when git and .git exist."""
-    out: dict[str, str | None] = {"files": git_tree_hash(repo / "plugin"), "git": None}
-    try:
-        r = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD:plugin"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if r.returncode == 0:
-            out["git"] = r.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return out
 
 
 def _load(p: Path) -> dict[str, Any] | None:
@@ -203,10 +186,8 @@ def verdict(receipt: dict[str, Any]) -> tuple[bool, list[str]]:
 
 
 def build(suite: Path, repo: Path = REPO) -> dict[str, Any]:
-    tree = plugin_tree(repo)
     receipt: dict[str, Any] = {
-        "plugin_tree": tree["git"] or tree["files"],
-        "plugin_tree_from_files": tree["files"],
+        "plugin_tree": git_tree_hash(repo / "plugin"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "gpu": _gpu_name(),
         "nccl": None,

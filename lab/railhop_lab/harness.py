@@ -198,6 +198,9 @@ class HarnessConfig:
     # close then finalize); exit_open: exit with every comm open, as torch does
     order: str = "harness"
     exit_open: bool = False
+    # the receiver checks against another pattern seed (the byte checker's self-test: every
+    # message must then count as a data error)
+    recv_seed: int | None = None
 
     def validate(self) -> None:
         if self.conns < 1:
@@ -250,8 +253,9 @@ def build_argv(
     argv += ["--interval-ms", str(cfg.interval_ms), "--deadline", f"{cfg.deadline:g}"]
     if cfg.expect_error:
         argv.append("--expect-error")
-    if cfg.seed is not None:
-        argv += ["--seed", str(cfg.seed)]
+    seed = cfg.recv_seed if role == "recv" and cfg.recv_seed is not None else cfg.seed
+    if seed is not None:
+        argv += ["--seed", str(seed)]
     if cfg.api is not None:
         argv += ["--api", str(cfg.api)]
     if cfg.order != "harness":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fabric_fixture
+from conftest import fabric_fixture, require_built
 from railhop_lab.fabric import Fabric
 from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, bytes_at, wait_for_bytes
 from sanbuild import SANITIZER_ENV, sanitizer_build, sanitizer_reports
@@ -121,3 +121,21 @@ def test_nccl_order_through_a_fault(
         prog[-1].per_conn[c] - bytes_at(prog, t_fault, c) for c in range(FAULT_NIC, CONNS, NICS)
     ]
     assert min(after) > 0, f"{fault} at t={t_fault:.2f} s: bytes after it {after}"
+
+
+def test_the_byte_checker_reports_a_mismatched_pattern(fab: Fabric, tmp_path: Path) -> None:
+    """Every end-to-end test trusts the harness's byte checker: with the receiver checking
+    against another pattern seed, every non-empty message must count as a data error and the
+    receiver must exit 1 (the sender, which checks nothing, exits 0)."""
+    cfg = HarnessConfig(
+        conns=4, sizes=(64 * KiB, 4 * KiB + 3), count=8, inflight=4, deadline=60, seed=31,
+        recv_seed=32,
+    )  # fmt: skip
+    require_built()
+    with HarnessRun(fab, cfg, env={"RAILHOP_TRANSPORT": "tcp"}, workdir=tmp_path) as run:
+        res = run.wait()
+    r = res.recv.summary
+    assert r is not None, res.describe()
+    assert res.send.returncode == 0, res.describe()
+    assert res.recv.returncode == 1, res.describe()
+    assert r.msgs == 4 * 8 and r.data_errors == r.msgs, res.describe()
