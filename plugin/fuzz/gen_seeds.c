@@ -2,13 +2,18 @@
 /*
  * Writes the fuzz targets' seed corpora (plugin/fuzz/corpus/<target>/) from the real encoders:
  * frames and control payloads (core/wire.c), hellos and connect handles, the ofi lane's
- * messages and immediates, the verbs lane's (when built with verbs), and health tables laid out
- * as the agent writes them (railhop/ctl_table.h). Each file is one input in its target's format
+ * messages and immediates, the verbs lane's (when built with verbs), health tables laid out
+ * as the agent writes them (railhop/ctl_table.h) and the kernel's sock_diag answers. Each file is one input in its target's format
  * (the target's comment says which byte picks what).
  *
  *   gen_seeds <corpus dir>     (docs/fuzzing.md; the output is committed)
  */
 #include <errno.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -422,6 +427,46 @@ static void seeds_ctl(void)
 	put("ctl", "table_short", 4, f, RH_CTL_TABLE_SIZE - 1);
 }
 
+/* ---- the sock_diag answer the TCP lanes' loss check reads (lanes/tcpstate.c) ---- */
+
+static void seeds_tcpstate(void)
+{
+	union {
+		struct nlmsghdr nh;
+		uint8_t b[1024];
+	} u;
+	struct inet_diag_msg *m;
+	struct rtattr *a;
+	struct nlmsgerr *e;
+	struct tcp_info ti;
+
+	memset(&u, 0, sizeof(u));
+	memset(&ti, 0, sizeof(ti));
+	ti.tcpi_ca_state = TCP_CA_Loss;
+	ti.tcpi_unacked = 3;
+	ti.tcpi_rtt = 20000;
+	u.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	m = NLMSG_DATA(&u.nh);
+	m->idiag_family = AF_INET;
+	a = (struct rtattr *)(m + 1);
+	/* another attribute first, then INET_DIAG_INFO */
+	a->rta_type = INET_DIAG_MARK;
+	a->rta_len = RTA_LENGTH(4);
+	a = (struct rtattr *)((uint8_t *)a + RTA_ALIGN(a->rta_len));
+	a->rta_type = INET_DIAG_INFO;
+	a->rta_len = RTA_LENGTH(sizeof(ti));
+	memcpy(RTA_DATA(a), &ti, sizeof(ti));
+	u.nh.nlmsg_len = (uint32_t)((uint8_t *)a + RTA_ALIGN(a->rta_len) - u.b);
+	put("tcpstate", "diag_info", NO_MODE, u.b, u.nh.nlmsg_len);
+
+	memset(&u, 0, sizeof(u));
+	u.nh.nlmsg_type = NLMSG_ERROR;
+	u.nh.nlmsg_len = NLMSG_LENGTH(sizeof(*e));
+	e = NLMSG_DATA(&u.nh);
+	e->error = -ENOENT;
+	put("tcpstate", "error_enoent", NO_MODE, u.b, u.nh.nlmsg_len);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -437,5 +482,6 @@ int main(int argc, char **argv)
 	seeds_verbs();
 #endif
 	seeds_ctl();
+	seeds_tcpstate();
 	return failures ? 1 : 0;
 }

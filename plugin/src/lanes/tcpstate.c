@@ -39,6 +39,12 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 		if (nh->nlmsg_len < NLMSG_LENGTH(sizeof(*e))) {
 			return -EPROTO;
 		}
+		/* only a negative errno is an error: a positive one (no kernel sends it) returned
+		 * as is would read as success to callers that test < 0, with *out never filled
+		 * (found by plugin/fuzz/fuzz_tcpstate.c) */
+		if (e->error > 0) {
+			return -EPROTO;
+		}
 		return e->error ? e->error : -ENOENT;
 	}
 	if (nh->nlmsg_type != SOCK_DIAG_BY_FAMILY || nh->nlmsg_len < NLMSG_LENGTH(sizeof(*m))) {
