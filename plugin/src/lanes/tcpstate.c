@@ -28,7 +28,11 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 {
 	const struct inet_diag_msg *m;
 	const struct rtattr *a;
-	size_t left;
+	/* signed, as the rtattr macros expect: RTA_NEXT subtracts the aligned length, up to 3
+	 * bytes more than RTA_OK checked, and an unsigned count wrapped around and let the loop
+	 * read past the message (found by plugin/fuzz/fuzz_tcpstate.c); the answer is at most
+	 * the caller's 8 KiB */
+	int left;
 
 	if (!NLMSG_OK(nh, len)) {
 		return -EPROTO;
@@ -52,7 +56,7 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 	}
 	m = NLMSG_DATA(nh);
 	a = (const struct rtattr *)(m + 1);
-	left = nh->nlmsg_len - NLMSG_LENGTH(sizeof(*m));
+	left = (int)(nh->nlmsg_len - NLMSG_LENGTH(sizeof(*m)));
 	for (; RTA_OK(a, left); a = RTA_NEXT(a, left)) {
 		if (a->rta_type == INET_DIAG_INFO) {
 			size_t n = RTA_PAYLOAD(a);
