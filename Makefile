@@ -49,7 +49,7 @@ ctest-tsan:
 
 # The libFuzzer targets of the decoders (plugin/fuzz, docs/fuzzing.md), built by clang in
 # build/fuzz: every committed input replayed, then FUZZ_TIME seconds of fuzzing per target in a
-# temp corpus; a crash fails with the path of its input. About 1.5 minutes on two cores.
+# temp corpus; a crash fails with the path of its input. Under 2 minutes on two cores.
 FUZZ_TIME ?= 15
 fuzz:
 	CC=clang cmake -S . -B build/fuzz -G Ninja -DRAILHOP_FUZZ=ON -DRAILHOP_BUILD_TESTS=OFF \
