@@ -21,6 +21,8 @@ APT_PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-venv 
 # and the image (`make image`: scripts/build-image.sh builds a Debian rootfs with mmdebstrap and
 # imports it with podman; runc runs it in tests/image, where crun refuses hybrid cgroup hosts)
 APT_PKGS+=(prometheus mmdebstrap podman runc)
+# `make fuzz` (plugin/fuzz): libFuzzer ships with Debian's clang; gcc has no libFuzzer
+APT_PKGS+=(clang)
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "setup: must run as root (apt packages, kernel headers, netns tests)" >&2

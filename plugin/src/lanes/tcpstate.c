@@ -28,7 +28,11 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 {
 	const struct inet_diag_msg *m;
 	const struct rtattr *a;
-	size_t left;
+	/* signed, as the rtattr macros expect: RTA_NEXT subtracts the aligned length, up to 3
+	 * bytes more than RTA_OK checked, and an unsigned count wrapped around and let the loop
+	 * read past the message (found by plugin/fuzz/fuzz_tcpstate.c); the answer is at most
+	 * the caller's 8 KiB */
+	int left;
 
 	if (!NLMSG_OK(nh, len)) {
 		return -EPROTO;
@@ -39,6 +43,12 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 		if (nh->nlmsg_len < NLMSG_LENGTH(sizeof(*e))) {
 			return -EPROTO;
 		}
+		/* only a negative errno is an error: a positive one (no kernel sends it) returned
+		 * as is would read as success to callers that test < 0, with *out never filled
+		 * (found by plugin/fuzz/fuzz_tcpstate.c) */
+		if (e->error > 0) {
+			return -EPROTO;
+		}
 		return e->error ? e->error : -ENOENT;
 	}
 	if (nh->nlmsg_type != SOCK_DIAG_BY_FAMILY || nh->nlmsg_len < NLMSG_LENGTH(sizeof(*m))) {
@@ -46,7 +56,7 @@ static int parse_answer(const struct nlmsghdr *nh, size_t len, struct tcp_info *
 	}
 	m = NLMSG_DATA(nh);
 	a = (const struct rtattr *)(m + 1);
-	left = nh->nlmsg_len - NLMSG_LENGTH(sizeof(*m));
+	left = (int)(nh->nlmsg_len - NLMSG_LENGTH(sizeof(*m)));
 	for (; RTA_OK(a, left); a = RTA_NEXT(a, left)) {
 		if (a->rta_type == INET_DIAG_INFO) {
 			size_t n = RTA_PAYLOAD(a);
