@@ -1,14 +1,25 @@
 """Shared pytest configuration.
 
 Tests marked ``privileged`` need root (network namespaces, veth, tc, eBPF). Outside CI they are
-skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, never a skip.
+skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, never a skip: a
+prerequisite goes through :func:`require`, and any other skip (``pytest.skip``, ``skipif``,
+``importorskip``) is turned into a failure in CI by :class:`NoSkipsInCI`. Deselection by marker
+(``-m 'not image'``) is not a skip. An expected failure (``xfail``) is not a skip either.
+
+Every process the session starts must be gone when it ends (:class:`NoSurvivors`): the session
+puts a marker in ``os.environ``, which every child inherits (netns helpers, QEMU guests, the
+harness), and at its end looks for that marker in ``/proc/*/environ``; a survivor is listed,
+killed, and fails the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +45,85 @@ def require(condition: bool, why: str) -> None:
     if in_ci():
         pytest.fail(f"prerequisite missing in CI: {why}", pytrace=False)
     pytest.skip(why)
+
+
+class NoSkipsInCI:
+    """In CI a skipped test is a failed test: a run that skips something tested less than it
+    says. Locally a skip stays a skip. ``xfail`` outcomes are not skips."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[None]:
+        outcome = yield
+        rep: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+        if not rep.skipped or hasattr(rep, "wasxfail") or not in_ci():
+            return
+        lr = rep.longrepr
+        why = str(lr[2]) if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        why = why.removeprefix("Skipped: ")
+        rep.outcome = "failed"
+        rep.longrepr = (
+            f"skipped in CI (CI={os.environ.get('CI')!r}), which fails the run: {why}\n"
+            "a prerequisite belongs in conftest.require(), which fails in CI with the reason"
+        )
+
+
+SESSION_MARK_ENV = "RAILHOP_PYTEST_SESSION"
+
+
+def processes_marked(value: str, exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every process whose environment has
+    ``RAILHOP_PYTEST_SESSION=<value>`` (root reads every ``/proc/<pid>/environ``; a process that
+    exits meanwhile, or a zombie, has none), less ``exclude``."""
+    want = f"{SESSION_MARK_ENV}={value}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in exclude:
+            continue
+        try:
+            if want not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out.append((int(d.name), cmd.strip()))
+    return sorted(out)
+
+
+class NoSurvivors:
+    """Fails the session when a process it started (its environment carries the session's
+    marker) is still running at its end; the survivors are listed and killed."""
+
+    def __init__(self) -> None:
+        self.value = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        os.environ[SESSION_MARK_ENV] = self.value
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        survivors = processes_marked(self.value, frozenset({os.getpid()}))
+        if not survivors:
+            return
+        for pid, _ in survivors:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(survivors)} process(es) started by this session outlived it (killed):"]
+        lines += [f"  pid {pid}: {cmd[:300]}" for pid, cmd in survivors]
+        if tr is not None:
+            for line in lines:
+                tr.write_line(line, red=True)
+        else:
+            print("\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(NoSkipsInCI(), "railhop-no-skips-in-ci")
+    if not hasattr(config, "workerinput"):  # one check per session (xdist: the controller)
+        config.pluginmanager.register(NoSurvivors(), "railhop-no-survivors")
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from conftest import require
+
 REPO = Path(__file__).resolve().parents[2]
 DGX = REPO / "tests" / "fixtures" / "sys" / "dgx-h100"
 POLICY = REPO / "policies" / "rail-optimized-8nic.yaml"
@@ -225,8 +227,7 @@ int main(int argc, char **argv)
 
 def build_sender(out_dir: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    require(cc is not None, "no C compiler (make setup installs gcc)")
     src = out_dir / "sender.c"
     src.write_text(SENDER_C)
     exe = out_dir / "rh-sender"
