@@ -24,8 +24,6 @@ from typing import Any
 
 import pytest
 
-from conftest import require
-
 REPO = Path(__file__).resolve().parents[2]
 DGX = REPO / "tests" / "fixtures" / "sys" / "dgx-h100"
 POLICY = REPO / "policies" / "rail-optimized-8nic.yaml"
@@ -226,6 +224,8 @@ int main(int argc, char **argv)
 
 
 def build_sender(out_dir: Path) -> Path:
+    from conftest import require  # not at the top: this file also runs as the receiver script
+
     cc = shutil.which("cc") or shutil.which("gcc")
     require(cc is not None, "no C compiler (make setup installs gcc)")
     src = out_dir / "sender.c"
