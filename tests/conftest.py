@@ -145,11 +145,15 @@ def require_built() -> None:
             require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
 
 
-def until(cond: Callable[[], object], timeout: float, what: str, poll: float = 0.02) -> None:
-    """Wait for ``cond()`` to be true, failing the test after ``timeout`` seconds."""
+def until(
+    cond: Callable[[], object], timeout: float, what: str | Callable[[], str], poll: float = 0.02
+) -> None:
+    """Wait for ``cond()`` to be true, failing the test after ``timeout`` seconds; ``what`` names
+    the event (a callable: called at the failure, to say what was seen meanwhile)."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what() if callable(what) else what}: not within {timeout} s")
         time.sleep(poll)
 
 
