@@ -103,20 +103,35 @@ class NoSurvivors:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        survivors = processes_marked(self.value, frozenset({os.getpid()}))
-        if not survivors:
+        me = frozenset({os.getpid()})
+        # one that a test killed may still be exiting: a second's grace before it counts
+        grace = time.monotonic() + 1.0
+        while processes_marked(self.value, me) and time.monotonic() < grace:
+            time.sleep(0.05)
+        found: dict[int, str] = {}
+        # a survivor may still be forking (a shell that has not yet started its children):
+        # kill, look again, until a scan finds none (bounded)
+        for _ in range(20):
+            survivors = processes_marked(self.value, me)
+            if not survivors:
+                break
+            for pid, cmd in survivors:
+                found.setdefault(pid, cmd)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if not found:
             return
-        for pid, _ in survivors:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        lines = [f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(found.items())]
         tr = session.config.pluginmanager.get_plugin("terminalreporter")
-        lines = [f"{len(survivors)} process(es) started by this session outlived it (killed):"]
-        lines += [f"  pid {pid}: {cmd[:300]}" for pid, cmd in survivors]
+        title = f"{len(found)} process(es) started by this session outlived it (killed)"
         if tr is not None:
+            tr.write("\n")
+            tr.write_sep("=", title, red=True)
             for line in lines:
                 tr.write_line(line, red=True)
         else:
-            print("\n".join(lines))
+            print("\n".join([title, *lines]))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
