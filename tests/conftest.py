@@ -1,14 +1,25 @@
 """Shared pytest configuration.
 
 Tests marked ``privileged`` need root (network namespaces, veth, tc, eBPF). Outside CI they are
-skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, never a skip.
+skipped without root; in CI (``CI`` set) a missing prerequisite is a failure, never a skip: a
+prerequisite goes through :func:`require`, and any other skip (``pytest.skip``, ``skipif``,
+``importorskip``) is turned into a failure in CI by :class:`NoSkipsInCI`. Deselection by marker
+(``-m 'not image'``) is not a skip. An expected failure (``xfail``) is not a skip either.
+
+Every process the session starts must be gone when it ends (:class:`NoSurvivors`): the session
+puts a marker in ``os.environ``, which every child inherits (netns helpers, QEMU guests, the
+harness), and at its end looks for that marker in ``/proc/*/environ``; a survivor is listed,
+killed, and fails the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +47,100 @@ def require(condition: bool, why: str) -> None:
     pytest.skip(why)
 
 
+class NoSkipsInCI:
+    """In CI a skipped test is a failed test: a run that skips something tested less than it
+    says. Locally a skip stays a skip. ``xfail`` outcomes are not skips."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[None]:
+        outcome = yield
+        rep: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+        if not rep.skipped or hasattr(rep, "wasxfail") or not in_ci():
+            return
+        lr = rep.longrepr
+        why = str(lr[2]) if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        why = why.removeprefix("Skipped: ")
+        rep.outcome = "failed"
+        rep.longrepr = (
+            f"skipped in CI (CI={os.environ.get('CI')!r}), which fails the run: {why}\n"
+            "a prerequisite belongs in conftest.require(), which fails in CI with the reason"
+        )
+
+
+SESSION_MARK_ENV = "RAILHOP_PYTEST_SESSION"
+
+
+def processes_marked(value: str, exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every process whose environment has
+    ``RAILHOP_PYTEST_SESSION=<value>`` (root reads every ``/proc/<pid>/environ``; a process that
+    exits meanwhile, or a zombie, has none), less ``exclude``."""
+    want = f"{SESSION_MARK_ENV}={value}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in exclude:
+            continue
+        try:
+            if want not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out.append((int(d.name), cmd.strip()))
+    return sorted(out)
+
+
+class NoSurvivors:
+    """Fails the session when a process it started (its environment carries the session's
+    marker) is still running at its end; the survivors are listed and killed."""
+
+    def __init__(self) -> None:
+        self.value = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        os.environ[SESSION_MARK_ENV] = self.value
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        me = frozenset({os.getpid()})
+        # one that a test killed may still be exiting: a second's grace before it counts
+        grace = time.monotonic() + 1.0
+        while processes_marked(self.value, me) and time.monotonic() < grace:
+            time.sleep(0.05)
+        found: dict[int, str] = {}
+        # a survivor may still be forking (a shell that has not yet started its children):
+        # kill, look again, until a scan finds none (bounded)
+        for _ in range(20):
+            survivors = processes_marked(self.value, me)
+            if not survivors:
+                break
+            for pid, cmd in survivors:
+                found.setdefault(pid, cmd)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        if not found:
+            return
+        lines = [f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(found.items())]
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        title = f"{len(found)} process(es) started by this session outlived it (killed)"
+        if tr is not None:
+            tr.write("\n")
+            tr.write_sep("=", title, red=True)
+            for line in lines:
+                tr.write_line(line, red=True)
+        else:
+            print("\n".join([title, *lines]))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(NoSkipsInCI(), "railhop-no-skips-in-ci")
+    if not hasattr(config, "workerinput"):  # one check per session (xdist: the controller)
+        config.pluginmanager.register(NoSurvivors(), "railhop-no-survivors")
+
+
 @pytest.fixture(autouse=True)
 def _privileged_gate(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("privileged") is not None:
@@ -55,11 +160,15 @@ def require_built() -> None:
             require(False, f"{what} not built ({e}); run `make ctest` and set RAILHOP_*_PATH")
 
 
-def until(cond: Callable[[], object], timeout: float, what: str, poll: float = 0.02) -> None:
-    """Wait for ``cond()`` to be true, failing the test after ``timeout`` seconds."""
+def until(
+    cond: Callable[[], object], timeout: float, what: str | Callable[[], str], poll: float = 0.02
+) -> None:
+    """Wait for ``cond()`` to be true, failing the test after ``timeout`` seconds; ``what`` names
+    the event (a callable: called at the failure, to say what was seen meanwhile)."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what() if callable(what) else what}: not within {timeout} s")
         time.sleep(poll)
 
 

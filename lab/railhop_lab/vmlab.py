@@ -523,19 +523,35 @@ def probe_kvm(kernel: Path, vng: str) -> bool:
     ok = False
     if os.access("/dev/kvm", os.R_OK | os.W_OK):
         argv = [vng, "--run", str(kernel), "--cpus", "1", "--memory", "512M", "--exec", "true"]
-        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            r = subprocess.run(
-                argv,
-                check=False,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=KVM_PROBE_TIMEOUT_S,
-                start_new_session=True,
-                env=_vng_env(),
-            )
-            ok = r.returncode == 0
+        with contextlib.suppress(OSError):
+            ok = run_group(argv, KVM_PROBE_TIMEOUT_S, env=_vng_env()) == 0
     _kvm_cache[key] = ok
     return ok
+
+
+def run_group(
+    argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
+) -> int | None:
+    """Run ``argv`` in a session of its own, output discarded; its exit status, or None when it
+    ran past ``timeout``: then the whole process group is killed (vng's QEMU guest with it, which
+    ``subprocess.run(timeout=...)`` would leave running: it kills the leader only)."""
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(env) if env is not None else None,
+    )
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        # also on a normal exit: whatever the leader left in its group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _vng_env() -> dict[str, str]:

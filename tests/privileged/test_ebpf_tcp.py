@@ -24,13 +24,10 @@ from typing import TypeVar
 import pytest
 
 from conftest import require
-
-pyroute2 = pytest.importorskip("pyroute2")
-
-from railhop.sources import kernel  # noqa: E402
-from railhop.sources.base import queue_emitter  # noqa: E402
-from railhop.sources.ebpf.tcp import TcpLaneSource  # noqa: E402
-from railhop.sources.events import Event, TcpSuspect  # noqa: E402
+from railhop.sources import kernel
+from railhop.sources.base import queue_emitter
+from railhop.sources.ebpf.tcp import TcpLaneSource
+from railhop.sources.events import Event, TcpSuspect
 
 BPF_SRC = Path(__file__).resolve().parents[2] / "bpf"  # test helpers live in the source tree
 

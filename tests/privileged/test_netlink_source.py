@@ -9,8 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("pyroute2")
-
 from railhop.sources.base import queue_emitter
 from railhop.sources.events import CarrierDown, CarrierUp, Event, LinkRemoved
 from railhop.sources.netlink import NetlinkSource

@@ -12,12 +12,11 @@ data never stops being checked.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import fabric_fixture
+from conftest import fabric_fixture, until
 from railhop_lab.fabric import Fabric
 from railhop_lab.harness import HarnessConfig, HarnessResult, HarnessRun, wait_for_bytes
 
@@ -53,24 +52,53 @@ def assert_lossless(res: HarnessResult) -> None:
 def standby_up(stderr_path: Path, timeout: float) -> tuple[str, int, str]:
     """(conn id, lane id, local NIC) of the sender's standby once it is handshaken (bounded)."""
     pat = re.compile(r"conn ([0-9a-f]+) \(send\): lane (\d+) up (\S+) -> peer NIC \d+ \(standby\)")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = pat.search(stderr_path.read_text(errors="replace"))
-        if m:
-            return m.group(1), int(m.group(2)), m.group(3)
-        time.sleep(0.05)
-    raise AssertionError(f"no standby lane came up:\n{stderr_path.read_text()[-4000:]}")
+    found: list[re.Match[str]] = []
+
+    def up() -> bool:
+        m = pat.search(stderr_path.read_text(errors="replace") if stderr_path.exists() else "")
+        found[:] = [m] if m else []
+        return m is not None
+
+    until(up, timeout, lambda: f"no standby lane came up:\n{stderr_path.read_text()[-4000:]}")
+    m = found[0]
+    return m.group(1), int(m.group(2)), m.group(3)
+
+
+# the first replacement standby waits one backoff (the fail-back interval, 1 s) after the drop
+REPLACEMENT_S = 1.0
+
+
+def replaced(send_stderr: Path, conn: str, lane: int, sb_nic: str) -> bool:
+    """The sender dropped standby ``lane`` on ``sb_nic`` and then opened a standby on another
+    NIC."""
+    text = send_stderr.read_text(errors="replace")
+    dropped = re.search(rf"conn {conn} \(send\): standby lane {lane} {sb_nic} -> .* dropped", text)
+    if dropped is None:
+        return False
+    again = re.search(rf"conn {conn}: opening standby lane \d+ (\S+) ", text[dropped.end() :])
+    return again is not None and again.group(1) != sb_nic
 
 
 def run_with_fault(fab: Fabric, tmp_path: Path, seed: int, nic_of_fault: str | None) -> tuple:
     """Run, wait for the standby, pull the carrier of nic_of_fault ("standby": the standby's
-    own NIC, else a NIC name) at the sender; returns the result, both logs and the standby."""
+    own NIC, else a NIC name) at the sender; returns the result, both logs and the standby.
+    A fault on the standby's NIC also waits (bounded) for its replacement while the run goes on."""
+    send_stderr = tmp_path / "send.stderr"
     with HarnessRun(fab, cfg(seed), env=ENV, workdir=tmp_path) as run:
-        conn, lane, sb_nic = standby_up(tmp_path / "send.stderr", timeout=20)
+        conn, lane, sb_nic = standby_up(send_stderr, timeout=20)
         wait_for_bytes(run, 8 * MiB, timeout=20)
         nic = sb_nic if nic_of_fault == "standby" else nic_of_fault
         assert nic is not None
         fab.carrier_down(0, int(nic.removeprefix("nic")), end="local")
+        if nic_of_fault == "standby":
+            # the drop (carrier loss seen, <= 1 s) then the backoff, with slack for 2 busy cores
+            until(
+                lambda: replaced(send_stderr, conn, lane, sb_nic),
+                1.0 + REPLACEMENT_S + 2.0,
+                lambda: (
+                    f"standby on {sb_nic} dropped and replaced:\n{send_stderr.read_text()[-4000:]}"
+                ),
+            )
         res = run.wait()
     send = (tmp_path / "send.stderr").read_text(errors="replace")
     recv = (tmp_path / "recv.stderr").read_text(errors="replace")
@@ -115,6 +143,5 @@ def test_standby_failure_is_not_a_failover(fab: Fabric, tmp_path: Path) -> None:
         assert "failover:" not in log, log[-4000:]
         assert "move decision" not in log
         assert "promoted" not in log
-    # a replacement standby on another pair (after the backoff, within the run)
-    again = re.search(rf"conn {conn}: opening standby lane \d+ (\S+) ", send[dropped.end() :])
-    assert again and again.group(1) != sb_nic, send[dropped.end() :][:4000]
+    # a replacement standby on another pair, after the backoff (waited for in run_with_fault)
+    assert replaced(tmp_path / "send.stderr", conn, lane, sb_nic), send[dropped.end() :][:4000]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from railhop.control import (
     Backup,
     ControlPlane,
@@ -35,8 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def test_ctl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    require(cc is not None, "no C compiler (make setup installs gcc)")
     out = tmp_path_factory.mktemp("ctl") / "test_ctl"
     subprocess.run(
         [

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from railhop.control import lane_events, layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,8 +88,7 @@ def _c_program() -> str:
 @pytest.fixture(scope="module")
 def c_values(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    require(cc is not None, "no C compiler (make setup installs gcc)")
     d = tmp_path_factory.mktemp("layout")
     (d / "layout.c").write_text(_c_program())
     subprocess.run(

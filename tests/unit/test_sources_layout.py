@@ -7,8 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
+from conftest import require
 from railhop.sources import decode as D
 
 BPF = Path(__file__).parents[2] / "bpf"
@@ -57,8 +56,7 @@ def _expand(fmt: str) -> list[str]:
 
 def test_header_matches_decoders(tmp_path: Path) -> None:
     cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    require(cc is not None, "no C compiler (make setup installs gcc)")
     lines = [
         "#include <stdio.h>",
         "#include <stddef.h>",

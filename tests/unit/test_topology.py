@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require
 from railhop.topology import (
     DistanceClass,
     PciDevice,
@@ -344,8 +345,8 @@ def test_to_dict_is_json(dgx: Topology) -> None:
 LIVE = Path("/sys/class/net").is_dir()
 
 
-@pytest.mark.skipif(not LIVE, reason="no /sys/class/net on this machine")
 def test_live_tree() -> None:
+    require(LIVE, "no /sys/class/net on this machine")
     t = read_topology("/")
     netdevs = set(os.listdir("/sys/class/net"))
     pci = (

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SESSION_MARK_ENV, processes_marked, until
 from railhop_lab import vmguest
 from railhop_lab.vmlab import (
     VmLabError,
@@ -21,6 +22,7 @@ from railhop_lab.vmlab import (
     plan_lab,
     qemu_opts,
     rail_probe_program,
+    run_group,
     vng_argv,
 )
 
@@ -162,3 +164,38 @@ def test_rail_probe_program_tells_a_refusal_from_a_failure() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["0 ok", "3 EADDRNOTAVAIL"], r.stdout
+
+
+# --- run_group: the KVM probe's bounded run ----------------------------------------------------
+
+
+def _group_env(tag: str) -> dict[str, str]:
+    import os
+
+    return {**os.environ, SESSION_MARK_ENV: f"run-group-{tag}-{os.getpid()}"}
+
+
+def gone(env: dict[str, str]) -> None:
+    """Every process of the group died (SIGKILLed members exit asynchronously: a short wait)."""
+    until(
+        lambda: processes_marked(env[SESSION_MARK_ENV]) == [],
+        5,
+        lambda: f"the group is gone (left: {processes_marked(env[SESSION_MARK_ENV])})",
+    )
+
+
+def test_run_group_kills_the_whole_group_on_timeout() -> None:
+    """vng starting QEMU, in small: the leader's child must die with it when the bound passes
+    (subprocess.run(timeout=) kills the leader only; a KVM probe's guest once ran 87 minutes)."""
+    env = _group_env("timeout")
+    t0 = time.monotonic()
+    rc = run_group(["sh", "-c", "sleep 60 & sleep 60"], 1.0, env=env)
+    assert rc is None
+    assert time.monotonic() - t0 < 10
+    gone(env)
+
+
+def test_run_group_returns_the_status_and_leaves_nothing() -> None:
+    env = _group_env("exit")
+    assert run_group(["sh", "-c", "sleep 60 & exit 3"], 30.0, env=env) == 3
+    gone(env)
