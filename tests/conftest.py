@@ -69,12 +69,12 @@ class NoSkipsInCI:
         )
 
 
-SESSION_MARK_ENV = "RAILHOP_PYTEST_SESSION"
+SESSION_MARK_ENV = "RH_PYTEST_SESSION"
 
 
 def processes_marked(value: str, exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
     """``(pid, command line)`` of every process whose environment has
-    ``RAILHOP_PYTEST_SESSION=<value>`` (root reads every ``/proc/<pid>/environ``; a process that
+    ``RH_PYTEST_SESSION=<value>`` (root reads every ``/proc/<pid>/environ``; a process that
     exits meanwhile, or a zombie, has none), less ``exclude``."""
     want = f"{SESSION_MARK_ENV}={value}".encode()
     out = []

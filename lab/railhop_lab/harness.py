@@ -201,6 +201,9 @@ class HarnessConfig:
     # the receiver checks against another pattern seed (the byte checker's self-test: every
     # message must then count as a data error)
     recv_seed: int | None = None
+    # channels per comm (NCCL's shared comms): conns // share comms, each carrying share
+    # connections' messages, told apart by tag
+    share: int = 1
 
     def validate(self) -> None:
         if self.conns < 1:
@@ -227,6 +230,12 @@ class HarnessConfig:
             raise HarnessError(f"duration={self.duration} must be below deadline={self.deadline}")
         if self.api is not None and not 8 <= self.api <= 12:
             raise HarnessError(f"api={self.api}: want 8..12")
+        if self.share < 1 or self.share > 8 or self.conns % self.share:
+            raise HarnessError(f"share={self.share}: want 1..8 dividing conns={self.conns}")
+        if self.share > 1 and (self.grouped not in (None, 1) or self.count is None):
+            # a shared comm matches in posting order: a duration receiver's receives past its
+            # end marker would hold the other channels' sends forever
+            raise HarnessError("share > 1 needs grouped 1 and a count")
         if self.order not in ("harness", "nccl"):
             raise HarnessError(f"order={self.order!r}: want 'harness' or 'nccl'")
 
@@ -262,6 +271,8 @@ def build_argv(
         argv += ["--order", cfg.order]
     if cfg.exit_open:
         argv.append("--exit-open")
+    if cfg.share != 1:
+        argv += ["--share", str(cfg.share)]
     return argv
 
 

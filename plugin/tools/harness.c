@@ -20,6 +20,9 @@
  * --exit-open ends like a torch process that never destroys its process group: the summary
  * is printed and the process exits with every comm, registration and the context still open
  * (the plugin's threads running); the exit status must still be the run's.
+ * --share K makes K consecutive connections channels of one comm, as NCCL's shared comms are:
+ * only the first connects/accepts (and closes), each channel registers its own buffers and posts
+ * its own messages with its own tag (100 + index in the comm) on the shared comm, interleaved.
  * tests/privileged/test_nccl_order.py drives both.
  */
 #include <dlfcn.h>
@@ -70,6 +73,7 @@ static struct {
 	bool verbose;
 	bool nccl_order; /* --order nccl */
 	bool exit_open; /* --exit-open */
+	int share; /* --share K: channels per comm */
 } opt = { .conns = 1,
 	  .count = -1,
 	  .duration = -1,
@@ -78,7 +82,8 @@ static struct {
 	  .interval_ms = 100,
 	  .deadline = 120,
 	  .seed = 1,
-	  .api = 11 };
+	  .api = 11,
+	  .share = 1 };
 
 /* One version-free view of the table. */
 static struct {
@@ -362,7 +367,8 @@ static void usage(void)
 		"usage: railhop-harness --plugin PATH --role recv|send --rendezvous DIR [--conns N]\n"
 		"  [--devs 0,1,..] [--sizes S[,S..]] [--count M | --duration SEC] [--inflight K]\n"
 		"  [--grouped G] [--interval-ms MS] [--deadline SEC] [--expect-error] [--seed S]\n"
-		"  [--api 8..12] [--stop-file PATH] [--order harness|nccl] [--exit-open] [--verbose]\n"
+		"  [--api 8..12] [--stop-file PATH] [--order harness|nccl] [--exit-open] [--share K]\n"
+		"  [--verbose]\n"
 		"  (NCCL_DEBUG=INFO implies --verbose)\n");
 	exit(2);
 }
@@ -370,16 +376,27 @@ static void usage(void)
 static void parse_args(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{ "plugin", 1, 0, 'p' },       { "role", 1, 0, 'r' },
-		{ "rendezvous", 1, 0, 'd' },   { "conns", 1, 0, 'c' },
-		{ "devs", 1, 0, 'D' },	       { "sizes", 1, 0, 's' },
-		{ "count", 1, 0, 'n' },	       { "duration", 1, 0, 't' },
-		{ "inflight", 1, 0, 'k' },     { "grouped", 1, 0, 'g' },
-		{ "interval-ms", 1, 0, 'i' },  { "deadline", 1, 0, 'T' },
-		{ "expect-error", 0, 0, 'e' }, { "seed", 1, 0, 'S' },
-		{ "api", 1, 0, 'a' },	       { "verbose", 0, 0, 'v' },
-		{ "stop-file", 1, 0, 'F' },    { "order", 1, 0, 'o' },
-		{ "exit-open", 0, 0, 'x' },    { 0, 0, 0, 0 },
+		{ "plugin", 1, 0, 'p' },
+		{ "role", 1, 0, 'r' },
+		{ "rendezvous", 1, 0, 'd' },
+		{ "conns", 1, 0, 'c' },
+		{ "devs", 1, 0, 'D' },
+		{ "sizes", 1, 0, 's' },
+		{ "count", 1, 0, 'n' },
+		{ "duration", 1, 0, 't' },
+		{ "inflight", 1, 0, 'k' },
+		{ "grouped", 1, 0, 'g' },
+		{ "interval-ms", 1, 0, 'i' },
+		{ "deadline", 1, 0, 'T' },
+		{ "expect-error", 0, 0, 'e' },
+		{ "seed", 1, 0, 'S' },
+		{ "api", 1, 0, 'a' },
+		{ "verbose", 0, 0, 'v' },
+		{ "stop-file", 1, 0, 'F' },
+		{ "order", 1, 0, 'o' },
+		{ "exit-open", 0, 0, 'x' },
+		{ "share", 1, 0, 'C' },
+		{ 0, 0, 0, 0 },
 	};
 	long long tmp[MAX_SIZES];
 	int c, n;
@@ -472,6 +489,9 @@ static void parse_args(int argc, char **argv)
 		case 'x':
 			opt.exit_open = true;
 			break;
+		case 'C':
+			opt.share = atoi(optarg);
+			break;
 		default:
 			usage();
 		}
@@ -486,6 +506,14 @@ static void parse_args(int argc, char **argv)
 	    opt.api < 8 || opt.api > 12 || (opt.count < 0 && opt.duration < 0) ||
 	    (opt.count >= 0 && opt.duration >= 0) || opt.interval_ms < 1) {
 		usage();
+	}
+	/* A shared comm matches receives strictly in posting order: a --duration receiver posts
+	 * past its end marker, and those receives would hold the other channels' sends forever. */
+	if (opt.share < 1 || opt.share > MAX_GROUP || opt.conns % opt.share ||
+	    (opt.share > 1 && (opt.grouped > 1 || opt.count < 0))) {
+		fprintf(stderr, "--share: 1..%d, dividing --conns, with --grouped 1 and --count\n",
+			MAX_GROUP);
+		exit(2);
 	}
 	if (opt.stop_file && opt.duration < 0) {
 		fprintf(stderr, "--stop-file needs --duration\n");
@@ -530,6 +558,20 @@ static int summary(int rc_if_ok)
 	return rc;
 }
 
+/* The first channel of a comm owns it (--share). */
+static bool owns_comm(int i)
+{
+	return i % opt.share == 0;
+}
+
+/* The tag of connection i's messages: a shared comm's channels differ by tag. */
+static int tag_base(int i)
+{
+	return 100 + i % opt.share;
+}
+
+/* NCCL's destroy: every registration first, then the comms (a shared comm once), then any
+ * listen comm still open (the harness's own order keeps them until here). */
 static void close_all(void)
 {
 	for (int i = 0; i < opt.conns; i++) {
@@ -545,7 +587,11 @@ static void close_all(void)
 				}
 			}
 		}
-		if (c->comm) {
+	}
+	for (int i = 0; i < opt.conns; i++) {
+		struct conn *c = &conns[i];
+
+		if (c->comm && owns_comm(i)) {
 			if (opt.role == ROLE_SEND) {
 				CALL(closeSend, c->comm);
 			} else {
@@ -597,11 +643,11 @@ static int setup(double deadline)
 	char path[4096], tmp[4200];
 
 	for (int i = 0; i < opt.conns; i++) {
-		conns[i].dev = opt.devs[i % opt.ndevs];
+		conns[i].dev = opt.devs[(i / opt.share) % opt.ndevs];
 		conns[i].end_k = -1;
 	}
 	if (opt.role == ROLE_RECV) {
-		for (int i = 0; i < opt.conns; i++) {
+		for (int i = 0; i < opt.conns; i += opt.share) {
 			ncclResult_t r = n_listen(conns[i].dev, conns[i].handle, &conns[i].lc);
 			FILE *f;
 
@@ -634,6 +680,12 @@ static int setup(double deadline)
 
 			if (c->comm) {
 				ready++;
+				continue;
+			}
+			if (!owns_comm(i)) {
+				/* a channel of the comm its first channel (just before) holds */
+				c->comm = conns[i - i % opt.share].comm;
+				ready += c->comm != NULL;
 				continue;
 			}
 			if (opt.role == ROLE_RECV) {
@@ -770,7 +822,7 @@ static int post(int i, bool stop_sending)
 
 		for (int g = 0; g < G; g++) {
 			sizes[g] = c->bufsz;
-			tags[g] = 100 + g;
+			tags[g] = tag_base(i) + g;
 			mh[g] = opt.nccl_order ? sl->mh[g] : c->mh;
 		}
 		r = n_irecv(c->comm, G, (void **)sl->buf, sizes, tags, mh, &req);
@@ -817,7 +869,7 @@ static int post(int i, bool stop_sending)
 		} else {
 			fill(sl->buf[0], sz, i, msg);
 		}
-		r = n_isend(c->comm, sl->buf[0], sz, 100 + tag_slot,
+		r = n_isend(c->comm, sl->buf[0], sz, tag_base(i) + tag_slot,
 			    opt.nccl_order ? sl->mh[0] : c->mh, &req);
 		if (r != ncclSuccess) {
 			req_error(r, "isend");

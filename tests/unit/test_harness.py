@@ -111,14 +111,15 @@ def test_argv_duration_grouped_expect_error() -> None:
 
 
 def test_argv_nccl_order_exit_open_and_the_receivers_seed() -> None:
-    cfg = HarnessConfig(count=4, seed=5, recv_seed=6, order="nccl", exit_open=True)
+    cfg = HarnessConfig(count=4, seed=5, recv_seed=6, order="nccl", exit_open=True, share=2)
     send = build_argv("/h", "/p.so", "send", "/rdv", cfg)
     recv = build_argv("/h", "/p.so", "recv", "/rdv", cfg)
     for argv in (send, recv):
         assert argv[argv.index("--order") + 1] == "nccl" and "--exit-open" in argv
+        assert argv[argv.index("--share") + 1] == "2"
     assert send[send.index("--seed") + 1] == "5" and recv[recv.index("--seed") + 1] == "6"
     plain = build_argv("/h", "/p.so", "recv", "/rdv", HarnessConfig(count=4, seed=5))
-    assert "--order" not in plain and "--exit-open" not in plain
+    assert "--order" not in plain and "--exit-open" not in plain and "--share" not in plain
     assert plain[plain.index("--seed") + 1] == "5"
 
 
@@ -127,6 +128,9 @@ def test_argv_nccl_order_exit_open_and_the_receivers_seed() -> None:
     [
         HarnessConfig(),  # neither count nor duration
         HarnessConfig(count=1, order="proxy"),
+        HarnessConfig(count=1, conns=3, share=2),
+        HarnessConfig(count=2, conns=2, share=2, grouped=2),
+        HarnessConfig(duration=2, conns=2, share=2),
         HarnessConfig(count=1, duration=1),
         HarnessConfig(count=1, inflight=33),
         HarnessConfig(count=1, conns=0),
