@@ -417,10 +417,15 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		memcpy(hb + RH_HANDLE_COOKIE_OFF, &cookie, sizeof(cookie));
 		return 0;
 	}
+	/* The cookie is only compared with the registry's addresses, never dereferenced: the
+	 * connection it named may be gone (a plugin stop dropped it). A reference taken under
+	 * g.mu keeps the one found alive for this call (a stop or the error path below may drop
+	 * the registry's meanwhile). */
 	pthread_mutex_lock(&rh_g.mu);
 	for (it = rh_g.conns; it; it = it->gnext) {
-		if ((uint64_t)(uintptr_t)it == cookie) {
+		if ((uint64_t)(uintptr_t)it == cookie && it->is_send) {
 			c = it;
+			rh_conn_get(c);
 			break;
 		}
 	}
@@ -443,9 +448,12 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 	}
 	if (rc < 0) {
+		bool listed;
+
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
+		listed = c->registered; /* a stop may have dropped the registry's reference */
 		registry_del(c);
 		atomic_store(&c->closed, true);
 		for (int i = 0; i < c->nlanes; i++) {
@@ -453,8 +461,11 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		}
 		pthread_mutex_unlock(&c->mu);
 		pthread_mutex_unlock(&rh_g.mu);
-		rh_core_conn_put(c);
+		if (listed) {
+			rh_core_conn_put(c);
+		}
 	}
+	rh_core_conn_put(c); /* this call's reference */
 	return rc;
 }
 
