@@ -88,6 +88,11 @@ struct rh_ctl_stats {
 	uint64_t connects; /* successful connections to the agent socket */
 };
 
+/* Ownership: the struct rh_ctl is the agent glue's (agent.c): opened by the ticker's first
+ * poll, published atomically, closed by the plugin stop's shutdown hook after the ticker and
+ * every I/O thread are joined. Lane events are copied by value (connection id, lane id,
+ * ports), never a pointer to a connection or lane; queued ones wait in agent.c's evq (evq_mu).
+ */
 struct rh_ctl;
 
 /*

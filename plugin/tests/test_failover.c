@@ -1202,6 +1202,53 @@ static void test_captured_hellos(void)
 	pthread_mutex_unlock(&rh_g.mu);
 }
 
+/* A lane rh_core_hello returned keeps its slot until its stream attaches (issue 37, 1): it
+ * dies in between (deadline, connection failure) and another lane is added meanwhile; that
+ * one must not take the slot, or the stale pointer attaches the stream to it. */
+static void test_hello_holds_slot_until_attach(void)
+{
+	uint64_t id = rh_random_id();
+	uint8_t nonce[RH_NONCE_LEN];
+	struct rh_hello h, reply;
+	struct rh_hdr hdr;
+	struct rh_lane *l, *other, *reused;
+	struct rh_conn *c;
+
+	EXPECT_EQ(rh_auth_random(test_ls.secret, RH_SECRET_LEN), 0);
+	EXPECT_EQ(rh_auth_random(nonce, RH_NONCE_LEN), 0);
+	pthread_mutex_lock(&rh_g.mu);
+	test_ls.next = rh_g.listens;
+	rh_g.listens = &test_ls;
+	pthread_mutex_unlock(&rh_g.mu);
+
+	founding_hello(&h, &hdr, id, nonce, 0, 0, 1);
+	l = rh_core_hello(&hdr, &h, &reply); /* a conn reference for the stream */
+	EXPECT(l != NULL);
+	if (!l) {
+		return;
+	}
+	c = l->conn;
+	pthread_mutex_lock(&c->mu);
+	rh_conn_fence_lane(c, l); /* dead before its stream attached: tp still NULL */
+	other = rh_conn_add_lane(c, 41, 0, 0, 1, false);
+	EXPECT(other != NULL && other != l);
+	EXPECT_EQ(l->id, 0); /* not wiped */
+	pthread_mutex_unlock(&c->mu);
+	/* the late attach finds its own, dead lane: refused, the reference dropped */
+	EXPECT_EQ(rh_core_stream_attach(l, 0, 16, &stream_dummy[0], sizeof(struct rh_lane_streams),
+					false),
+		  -EPROTO);
+	pthread_mutex_lock(&c->mu);
+	reused = rh_conn_add_lane(c, 43, 0, 0, 1, false); /* now the slot is free again */
+	EXPECT(reused == l);
+	pthread_mutex_unlock(&c->mu);
+	forget_conn(c, 0); /* the stream's reference went with the refused attach */
+
+	pthread_mutex_lock(&rh_g.mu);
+	rh_g.listens = test_ls.next;
+	pthread_mutex_unlock(&rh_g.mu);
+}
+
 /* --- probes bound to the connection's key (issue 29, 6) --- */
 
 static void test_probe_replies_prove_the_key(void)
@@ -1273,6 +1320,7 @@ int main(void)
 	test_nic_health();
 	test_setup_retries_transient_errors();
 	test_captured_hellos();
+	test_hello_holds_slot_until_attach();
 	test_probe_replies_prove_the_key();
 	test_stuck_report(); /* last: they fill the fake hooks' 64 event slots */
 	test_escalation_round_deadlines();

@@ -134,7 +134,9 @@ struct rh_lane *rh_conn_add_lane(struct rh_conn *c, uint32_t id, int lnic, int r
 	int slot = -1;
 
 	for (int i = 0; i < c->nlanes; i++) {
-		if (c->lanes[i]->state == RH_LANE_DEAD && !c->lanes[i]->tp) {
+		/* dead, released by its transport, and no stream on its way to attach */
+		if (c->lanes[i]->state == RH_LANE_DEAD && !c->lanes[i]->tp &&
+		    !c->lanes[i]->attaching) {
 			slot = i;
 			break;
 		}
@@ -442,6 +444,9 @@ int rh_core_stream_attach(struct rh_lane *lane, int idx, int max, void *s, size_
 	int rc = 0;
 
 	pthread_mutex_lock(&c->mu);
+	if (lane->attaching > 0) {
+		lane->attaching--; /* rh_core_hello's hold on the slot ends here */
+	}
 	st = lane->tp;
 	if (lane->state != RH_LANE_OPENING || idx < 0 || idx >= max || idx >= RH_LANE_MAX_STREAMS ||
 	    idx >= lane->nstreams || (st && st->s[idx])) {

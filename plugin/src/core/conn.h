@@ -9,6 +9,34 @@
 #ifndef RH_CONN_H
 #define RH_CONN_H
 
+/*
+ * Ownership (issue 37; docs/architecture.md "Object lifetimes" has the table of every object).
+ * The host (NCCL) frees or closes its objects whenever its order says so: a listen comm right
+ * after its accept returned, send/recv comms, requests once test() said done, memory handles.
+ * No plugin object keeps a pointer to a host object past the call that handed it over.
+ *
+ * struct rh_listen: the listen comm itself. Created by rh_listen, freed by rh_close_listen
+ *   (host thread). Linked in rh_g.listens and read only under rh_g.mu; connections and lanes
+ *   name it by id (rh_conn.listen_id) and find it with rh_listen_find() under rh_g.mu.
+ * struct rh_conn: a send or recv comm (the host's pointer is the connection). Counted (refs):
+ *   the first reference is the registry's, which becomes the host's once connect/accept hands
+ *   it out (a listener's ready queue holds it until then; close_conn drops it); a closing
+ *   connection waiting for its BYE gets a registry reference again, dropped by the ticker.
+ *   Every transport stream/endpoint/probe holds one while its conn pointer is set
+ *   (rh_core_hello, open, probe; dropped by rh_core_stream_detach or the probe's end), and
+ *   rh_registry_snapshot() lends one per listed connection to the ticker and health code. The
+ *   last rh_core_conn_put() frees it with its lanes, control queue and receive bitmaps. Fields
+ *   under mu (lock order: rh_g.mu, then mu); closed/refs/active_io atomic. After close
+ *   (closed set, active_io drained) no thread touches user memory for it.
+ * struct rh_sreq / rh_rreq: the host's requests, slots inside the connection (sreqs[],
+ *   rreqs[]), valid while it lives; reused once test() reported done. They point at user
+ *   buffers (buf, bufs[]) only while in use; the transports reach those through the core
+ *   (rh_core_next_tx, rh_core_rx_data) under the io guard, never keeping them.
+ * Timers are fields (deadlines in struct rh_fo and struct rh_lane) read by the ticker thread
+ *   under mu on a snapshot reference; nothing is queued to a timer.
+ * struct rh_mr (core/plugin.c): a memory handle; see "Memory handles" there.
+ */
+
 #ifdef RH_LANE_BUILD
 #error "core/conn.h is private to core/: a lane uses the core through core/lane_ops.h"
 #endif

@@ -242,7 +242,8 @@ static struct rh_conn *hello_conn(const struct rh_hdr *hdr, const struct rh_hell
 	}
 	c = rh_registry_find(hdr->conn_id, false);
 	if (c) {
-		if (c->listen_id != ls->id || !rh_auth_equal(c->conn_nonce[0], h->nonce, RH_NONCE_LEN)) {
+		if (c->listen_id != ls->id ||
+		    !rh_auth_equal(c->conn_nonce[0], h->nonce, RH_NONCE_LEN)) {
 			refuse(hdr, h, "another connection's hello");
 			return NULL;
 		}
@@ -371,6 +372,7 @@ struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *h
 	if (l) {
 		rh_conn_epoch_take(c, hdr->epoch);
 		rh_conn_get(c);
+		l->attaching++; /* until the caller's rh_core_stream_attach (rh_conn_add_lane) */
 		rh_conn_local_hello(c, reply);
 		reply->kind = h->kind;
 		reply->lane_id = h->lane_id;

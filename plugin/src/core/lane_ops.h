@@ -38,6 +38,17 @@ struct rh_fmac;
 
 #define RH_MAX_LANES 32 /* lanes per connection, over its lifetime */
 
+/*
+ * Lifetime of a lane: made by rh_conn_add_lane (connection lock held: a connect, a move, a
+ * standby, or rh_core_hello for a lane the peer opens) in conn->lanes[], and freed only with
+ * its connection (the last reference). A slot is reused, the struct wiped, once the lane is
+ * DEAD, its transport released it (tp NULL: every stream detached) and no accepted stream is
+ * between rh_core_hello and rh_core_stream_attach (attaching). So a transport object may keep
+ * a struct rh_lane * exactly while it is attached to lane->tp (or, on the accepting side,
+ * from rh_core_hello to its attach), together with its connection reference. Fields are
+ * written under the connection lock; lane->tp belongs to the transport (see rh_lane_streams).
+ * A lane refers to no host object.
+ */
 struct rh_lane {
 	struct rh_conn *conn;
 	const struct lane_ops *ops;
@@ -80,6 +91,11 @@ struct rh_lane {
 	uint64_t suspect_mark; /* SUSPECT: ops->progress() when the probe started */
 	bool bye_sent; /* DRAINING: retirement announced to the peer */
 	int neof; /* streams closed in order by the peer */
+	/* Accepting side: rh_core_hello() returned the lane to a transport thread that has not
+	 * called rh_core_stream_attach() yet (it does next, the connection lock dropped in
+	 * between). While non-zero the slot is not reused even if the lane dies meanwhile:
+	 * reuse would hand that thread's stale pointer a different lane. */
+	int attaching;
 	void *tp; /* transport state; NULL once the transport released the lane */
 };
 
@@ -145,7 +161,9 @@ struct lane_ops {
 /* --- Core entry points for transports (called without the connection lock) --- */
 
 /* A handshake arrived on a listener. Returns the lane (with a connection reference taken) the
- * stream joins, or NULL to refuse; fills *reply with this side's hello. */
+ * stream joins, or NULL to refuse; fills *reply with this side's hello. The caller passes a
+ * lane it got to rh_core_stream_attach() next, whatever else happens (that ends the hold on
+ * the lane's slot, rh_lane.attaching). */
 struct rh_lane *rh_core_hello(const struct rh_hdr *hdr, const struct rh_hello *hello,
 			      struct rh_hello *reply);
 /* The hello of one stream of a lane the transport opens, after it set h->stream and

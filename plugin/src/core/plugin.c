@@ -417,10 +417,15 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		memcpy(hb + RH_HANDLE_COOKIE_OFF, &cookie, sizeof(cookie));
 		return 0;
 	}
+	/* The cookie is only compared with the registry's addresses, never dereferenced: the
+	 * connection it named may be gone (a plugin stop dropped it). A reference taken under
+	 * g.mu keeps the one found alive for this call (a stop or the error path below may drop
+	 * the registry's meanwhile). */
 	pthread_mutex_lock(&rh_g.mu);
 	for (it = rh_g.conns; it; it = it->gnext) {
-		if ((uint64_t)(uintptr_t)it == cookie) {
+		if ((uint64_t)(uintptr_t)it == cookie && it->is_send) {
 			c = it;
+			rh_conn_get(c);
 			break;
 		}
 	}
@@ -443,9 +448,12 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 	}
 	if (rc < 0) {
+		bool listed;
+
 		memset(hb + RH_HANDLE_COOKIE_OFF, 0, sizeof(cookie));
 		pthread_mutex_lock(&rh_g.mu);
 		pthread_mutex_lock(&c->mu);
+		listed = c->registered; /* a stop may have dropped the registry's reference */
 		registry_del(c);
 		atomic_store(&c->closed, true);
 		for (int i = 0; i < c->nlanes; i++) {
@@ -453,8 +461,11 @@ int rh_connect(int dev, void *handle, void **send_comm)
 		}
 		pthread_mutex_unlock(&c->mu);
 		pthread_mutex_unlock(&rh_g.mu);
-		rh_core_conn_put(c);
+		if (listed) {
+			rh_core_conn_put(c);
+		}
 	}
+	rh_core_conn_put(c); /* this call's reference */
 	return rc;
 }
 
@@ -485,17 +496,112 @@ int rh_accept(void *listen_comm, void **recv_comm)
 	return 0;
 }
 
-/* What a registration handle remembers for a transport that caches registrations. */
+/*
+ * Memory handles (regMr / deregMr) for a transport that caches registrations (ops->forget).
+ *
+ * The transports' caches (lanes/ofi domain.c, lanes/verbs mr.c) are per NIC and shared by
+ * every comm: a receive buffer is registered once per NIC, rounded out to whole pages, the
+ * first time a lane there needs it, and any later receive inside that registration uses it,
+ * whichever comm's handle it came with. NCCL registers the same buffers (its shared buffers,
+ * user buffers) with several comms and deregisters them one comm at a time. So a deregMr must
+ * not drop cached registrations that another live handle still covers: a lane of that other
+ * comm may have an advert or a write in flight against them (dropping one fails the write and
+ * the lane). The core keeps every live handle in mr_live (under mr_mu) and deregMr asks the
+ * transport to forget only the pages of the handle that no other live handle covers, with
+ * both rounded to pages as the caches round (RH_MR_PAGE: ofi_rc_range in lanes/ofi/proto.c).
+ *
+ * Residual case: a cached registration is made for one receive's page range and then serves
+ * any receive inside it. If a receive of handle B fell inside a registration made for a
+ * receive of handle A that also spans pages only A covers, deregistering A forgets those
+ * pages and with them that whole registration, although B is live (B's next use registers
+ * its range again). A receive lies inside its own handle, so this needs two handles sharing
+ * pages at the edge of one of them; NCCL's shared buffers are registered with identical
+ * ranges and never hit it.
+ *
+ * Lifetime: a struct rh_mr is created by rh_reg_mr and freed by rh_dereg_mr (the host's
+ * order, any host thread); it names no comm (the host may close the comm first) and no
+ * transport object, and nothing else keeps a pointer to it. mr_live outlives plugin stops and
+ * restarts (the handles stay the host's until it deregisters them).
+ */
+#define RH_MR_PAGE 4096u
+
 struct rh_mr {
 	void *data;
 	size_t size;
+	uintptr_t lo, hi; /* [lo, hi): the pages the caches register for it */
+	struct rh_mr *next; /* mr_live */
 };
+
+/* Lock order: taken alone (never with rh_g.mu or a conn.mu), before the transports' cache
+ * locks (forget() runs under it). */
+static pthread_mutex_t mr_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rh_mr *mr_live;
+
+/* The page range a cache registers for [a, a + len) (as ofi_rc_range). */
+static void mr_pages(uintptr_t a, size_t len, uintptr_t *lo, uintptr_t *hi)
+{
+	*lo = a & ~(uintptr_t)(RH_MR_PAGE - 1);
+	*hi = (a + len + RH_MR_PAGE - 1) & ~(uintptr_t)(RH_MR_PAGE - 1);
+	if (*hi <= *lo) {
+		*hi = *lo + RH_MR_PAGE;
+	}
+}
+
+static int mr_cmp_lo(const void *a, const void *b)
+{
+	const struct rh_mr *x = *(struct rh_mr *const *)a, *y = *(struct rh_mr *const *)b;
+
+	return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Forget the pages of m (already out of mr_live) that no live handle covers. mr_mu held: a
+ * registration of the same pages racing this deregMr waits, so it never loses a cache entry
+ * it has started to use. */
+static int mr_forget_uncovered(const struct rh_mr *m)
+{
+	struct rh_mr **cover;
+	uintptr_t at = m->lo;
+	int n = 0, max = 0;
+
+	for (struct rh_mr *o = mr_live; o; o = o->next) {
+		max += o->lo < m->hi && m->lo < o->hi;
+	}
+	if (max == 0) {
+		rh_g.ops->forget((const void *)m->lo, m->hi - m->lo);
+		return 0;
+	}
+	cover = malloc((size_t)max * sizeof(*cover));
+	if (!cover) {
+		/* Cannot tell what is covered: keep the cache entries (the pages stay registered
+		 * until the plugin stops) rather than drop what a live handle uses. */
+		return -ENOMEM;
+	}
+	for (struct rh_mr *o = mr_live; o; o = o->next) {
+		if (o->lo < m->hi && m->lo < o->hi) {
+			cover[n++] = o;
+		}
+	}
+	qsort(cover, (size_t)n, sizeof(*cover), mr_cmp_lo);
+	for (int i = 0; i < n && at < m->hi; i++) {
+		if (cover[i]->lo > at) {
+			rh_g.ops->forget((const void *)at, cover[i]->lo - at);
+		}
+		if (cover[i]->hi > at) {
+			at = cover[i]->hi;
+		}
+	}
+	if (at < m->hi) {
+		rh_g.ops->forget((const void *)at, m->hi - at);
+	}
+	free(cover);
+	return 0;
+}
 
 int rh_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 {
 	struct rh_mr *m;
 
-	(void)comm;
+	(void)comm; /* never kept: the host may close the comm before it deregisters */
 	if (type != NCCL_PTR_HOST) {
 		return -EOPNOTSUPP;
 	}
@@ -506,12 +612,17 @@ int rh_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 		*mhandle = (void *)(uintptr_t)0x1;
 		return 0;
 	}
-	m = malloc(sizeof(*m));
+	m = calloc(1, sizeof(*m));
 	if (!m) {
 		return -ENOMEM;
 	}
 	m->data = data;
 	m->size = size;
+	mr_pages((uintptr_t)data, size, &m->lo, &m->hi);
+	pthread_mutex_lock(&mr_mu);
+	m->next = mr_live;
+	mr_live = m;
+	pthread_mutex_unlock(&mr_mu);
 	*mhandle = m;
 	return 0;
 }
@@ -519,13 +630,27 @@ int rh_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 int rh_dereg_mr(void *comm, void *mhandle)
 {
 	struct rh_mr *m = mhandle;
+	bool found = false;
 
 	(void)comm;
 	if (!m || mhandle == (void *)(uintptr_t)0x1) {
 		return 0;
 	}
-	if (rh_g.ops && rh_g.ops->forget) {
-		rh_g.ops->forget(m->data, m->size);
+	pthread_mutex_lock(&mr_mu);
+	for (struct rh_mr **pp = &mr_live; *pp; pp = &(*pp)->next) {
+		if (*pp == m) {
+			*pp = m->next;
+			found = true;
+			break;
+		}
+	}
+	if (found && rh_g.ops && rh_g.ops->forget && mr_forget_uncovered(m) < 0) {
+		WARN("deregMr of %zu bytes: out of memory, its registrations stay cached", m->size);
+	}
+	pthread_mutex_unlock(&mr_mu);
+	if (!found) {
+		WARN("deregMr of an unknown memory handle %p (deregistered twice?)", mhandle);
+		return -EINVAL;
 	}
 	free(m);
 	return 0;

@@ -71,6 +71,21 @@
 #define TCP_ACCEPT_BACKOFF_MS 100
 #define TCP_FD_RESERVE 16
 
+/*
+ * Ownership (docs/architecture.md "Object lifetimes"). A struct tcp_stream is made by
+ * tcp_stream_new (open/probe: a core thread, connection lock held; an accepted one: its
+ * worker), handed to its worker through w->pending (under w->mu) and from then on owned by
+ * that worker thread, which alone reads, writes and frees it (stream_reap; tcp_stop reaps
+ * what a joined worker still lists). While s->conn is set the stream holds a connection
+ * reference; while a lane stream is attached (lane->tp, struct tcp_lane) it may use s->lane,
+ * and the core's locked callbacks (kick, fence, stalled, lost, progress, ports) read it
+ * through the lane's table under the connection lock. stream_reap reports what it owes the
+ * core (control batch written, a counted chunk), detaches under the connection lock (from
+ * then on no callback finds it) and only then closes the fd and frees it. Fence only sets
+ * dead (atomic) and shuts the socket down: the worker reaps. A probe stream reports once
+ * (rh_core_probe_done) before it goes. Nothing here points at a host object: DATA payloads
+ * point into user memory only between rh_core_io_enter and rh_core_io_exit.
+ */
 enum tcp_kind {
 	K_LISTENER, /* per-NIC lane listener */
 	K_LANE, /* a stream of a lane (opened here or accepted) */

@@ -99,6 +99,25 @@ const char *ofi_lf_strerror(int errnum);
  * receiver's gate holds requests at most about one timeout (then it fails the blocker). */
 #define OFI_ADV_WAIT_TIMEOUTS 3
 
+/*
+ * Ownership (docs/architecture.md "Object lifetimes"). A struct ofi_ep is made by ofi_ep_new:
+ * an opener's or a probe's by ofi_open/ofi_probe (connection lock held), queued to a connector
+ * thread (connect.c, under ofi_pend_mu), then handed to ofi_pending; an accepted one by the
+ * I/O thread. From ofi_pending on it is the I/O thread's alone (ofi_eps). Closing: the I/O
+ * thread marks it ES_CLOSED and hands its provider objects (not the endpoint) to a closer in
+ * a struct close_req (closer.c, under its mu); the closer reads the endpoint only for a log
+ * line and sets released; the I/O thread then finishes the close (ofi_ep_closed: send-slot
+ * accounting, the io reference, the probe's report, the detach from the lane under the
+ * connection lock, the connection reference) and frees it. An endpoint whose closer was
+ * abandoned at the stop is leaked with its connection reference, never freed under it.
+ * e->lane is used only while e is attached to lane->tp (struct ofi_lane, freed by
+ * lane_release with the last endpoint); e->conn holds a reference while set. The core's
+ * locked callbacks read endpoints through the lane's table under the connection lock.
+ * Registration cache entries (struct ofi_dom rc, under rc_mu): made by the I/O thread
+ * (ofi_mr_get) for a receive's page range, dropped by ofi_forget (the host's deregMr thread,
+ * only pages no live handle covers: core/plugin.c) or ofi_dom_close at the stop. Adverts and
+ * writes point into user memory only while the core's io guard holds.
+ */
 enum ep_kind {
 	EK_LANE, /* a stream of a lane, opened here */
 	EK_ACCEPTED, /* accepted, waiting for the hello that says what it is */

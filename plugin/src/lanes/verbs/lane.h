@@ -66,6 +66,18 @@
 #define VB_ADV_WAIT_TIMEOUTS 3
 #define VB_HS_MAX 256 /* accepted handshakes waiting for their hello (ep.c) */
 
+/*
+ * Ownership (docs/architecture.md "Object lifetimes"). A struct vb_ep is made by
+ * verbs_ep_new (open/probe, connection lock held, handed over by verbs_ep_push under
+ * verbs_pend_mu; or the I/O thread for an accepted handshake) and is the I/O thread's alone
+ * from verbs_pending on; it closes it (verbs_ep_close: queue pair to error and destroyed
+ * first, then the io reference, the probe's report, the detach under the connection lock, the
+ * connection reference) and frees it. There is no closer thread. e->lane only while attached
+ * to lane->tp (struct vb_lane, freed with its endpoint); e->conn holds a reference while set.
+ * The per-device registration cache (vb_dev mrc, under mr_mu) is filled by the I/O thread
+ * (verbs_dev_mr) and emptied by verbs_forget (the host's deregMr thread: only pages no live
+ * handle covers, core/plugin.c) and at the stop. No host object is referred to.
+ */
 enum vb_kind {
 	VK_LANE, /* opened here */
 	VK_ACCEPTED, /* accepted, waiting for the hello that says what it is */
