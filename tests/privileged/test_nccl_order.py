@@ -76,6 +76,11 @@ def run_case(
             api=12, order="nccl", share=SHARE,
         )  # fmt: skip
     env = {"RAILHOP_TRANSPORT": "tcp", **SANITIZER_ENV[kind]}
+    if kind == "thread":
+        # TSan slows every thread 5-15x: on two busy cores a healthy lane can then miss the 1 s
+        # completion timeout and its probe, and with both NICs taken for failed the run ends in
+        # a (correct) ncclRemoteError. The race checks need the paths, not the default timing.
+        env |= {"RAILHOP_COMPLETION_TIMEOUT": "3000", "RAILHOP_PROBE_TIMEOUT": "1000"}
     with HarnessRun(
         fab, cfg, env=env, workdir=tmp_path, harness=harness, plugin=plugin, grace_s=30
     ) as run:
