@@ -13,7 +13,7 @@
  * plugin thread still ran or the plugin logged after the teardown (teardown()).
  * tests/privileged/test_datapath*.py and test_teardown.py drive it.
  *
- * --order nccl follows NCCL's net transport (src/transport/net.cc, src/proxy.cc) instead of the
+ * --order nccl follows NCCL's net transport and proxy thread instead of the
  * harness's own order: the receiver closes each listen comm as soon as its accept returned a
  * comm (recvProxyConnect); every buffer slot is registered on its own (regMr per buffer); at
  * the end deregMr, then closeSend/closeRecv, then finalize (v11+), never closeListen again.

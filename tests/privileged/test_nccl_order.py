@@ -1,6 +1,6 @@
 """The plugin driven in NCCL's call order, on sanitizer builds (root; every byte checked).
 
-NCCL's net transport (src/transport/net.cc, src/proxy.cc) uses a plugin in an order the other
+NCCL's net transport and proxy thread use a plugin in an order the other
 suites do not: the receiver's proxy closes a listen comm as soon as its accept returned a comm
 (``recvProxyConnect``), while the peer still opens the connection's other lanes (standby lanes,
 on by default, say hello on that listener's NIC); one proxy thread polls connect/accept and
