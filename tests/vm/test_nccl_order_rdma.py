@@ -51,10 +51,10 @@ pytestmark = [pytest.mark.privileged, pytest.mark.vm, pytest.mark.timeout(900)]
 
 KiB = 1 << 10
 CONNS = 8
-# connection c starts on rail c % RAILS. Two rails put all 8 connections on one rxe device
-# after the fault: on the verbs lane that rail then stalled for 4 s at a time (RC retransmit
-# timeouts of the emulated rxe under load: "no progress for 4000 ms, probing") and the case
-# took 67 s instead of 27 s.
+# connection c starts on rail c % RAILS. With 2 rails all 8 connections share one rxe device
+# after the fault: on the verbs lane (host load average 8) its lanes then stood still 4 s at a
+# time ("made no progress for 4000 ms, probing"; two failed their probe and moved again), and
+# the case took 67 s; over 4 rails it took 27 s (at a lower load).
 RAILS = 4
 SIZES = (32 * KiB, 4 * KiB, 0, 8 * KiB + 1)
 COUNT = 8  # messages per connection in the cases without a fault (0.7 MB in all)
