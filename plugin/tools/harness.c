@@ -142,13 +142,16 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
 	if (level > NCCL_LOG_WARN && !opt.verbose) {
 		return;
 	}
-	/* The subsystems as NCCL_DEBUG_SUBSYS names them, so tests can check them. */
+	/* The subsystems as NCCL_DEBUG_SUBSYS names them, so tests can check them. One line at a
+	 * time: the plugin logs from several threads, and a test greps whole lines. */
+	flockfile(stderr);
 	fprintf(stderr, "[%8.3f] %s:%d [%s] ", now_s() - t0, file, line,
 		subsys_name(flags, sub, sizeof(sub)));
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+	funlockfile(stderr);
 }
 
 #define T(v) ((const ncclNet_v##v##_t *)net.t)
