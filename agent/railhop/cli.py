@@ -534,6 +534,22 @@ def _status_fail(message: str, unknown: bool, as_json: bool) -> NoReturn:
     is_flag=True,
     help="Do not drop capabilities once the sources have started (debugging).",
 )
+@click.option(
+    "--node-status-interval",
+    type=click.FloatRange(min=0.1, max=3600.0),
+    default=5.0,
+    show_default=True,
+    help="Rewrite RUN_DIR/node-status (the shell-readable health the node-problem-detector "
+    "check reads) at least every SEC seconds, and whenever NIC health changes.",
+)
+@click.option(
+    "--nfd-features-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RAILHOP_NFD_FEATURES_DIR",
+    default=None,
+    help="Write node labels (railhop.io/rails-up, railhop.io/degraded, ...) as a "
+    "node-feature-discovery local feature file into DIR (its features.d); default: off.",
+)
 @click.option("--check", is_flag=True, help="Print the capability report and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.option(
@@ -563,6 +579,8 @@ def agent_cmd(
     plugin_nics: str,
     sources: str,
     keep_capabilities: bool,
+    node_status_interval: float,
+    nfd_features_dir: Path | None,
     check: bool,
     verbose: bool,
     log_format: str,
@@ -602,6 +620,8 @@ def agent_cmd(
         plugin_nics=tuple(x.split(":")[0] for x in plugin_nics.split(",") if x),
         sources=tuple(x for x in sources.split(",") if x),
         drop_capabilities=not keep_capabilities,
+        node_status_interval_s=node_status_interval,
+        nfd_features_dir=nfd_features_dir,
     )
     try:
         code = run_agent(cfg)

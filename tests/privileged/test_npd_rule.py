@@ -1,13 +1,13 @@
-"""The node-problem-detector rule shipped with the chart, run exactly as written in
-``deploy/helm/railhop/files/npd-railhop.json`` (its ``path`` and ``args``), against a live agent
-in an emulated node (root): exit 0 with every NIC up, 1 naming the NIC when one is set down
-(``ip link set down``) or loses carrier at the remote end, 0 again once healed, and 3 (NPD's
-"unknown") with no agent. The command reads the agent's table through RAILHOP_RUN_DIR and finds
-``railhop`` on PATH, as NPD's container would."""
+"""``railhop status --check --nics``, the node-problem-detector check for hosts where railhop is
+installed (a systemd node, an NPD image with railhop), against a live agent in an emulated node
+(root): exit 0 with every NIC up, 1 naming the NIC when one is set down (``ip link set down``)
+or loses carrier at the remote end, 0 again once healed, and 3 (NPD's "unknown") with no agent.
+The command reads the agent's table through RAILHOP_RUN_DIR and finds ``railhop`` on PATH. The
+rule the chart ships (``files/npd-railhop.json``) runs ``files/railhop-check.sh`` with
+``/bin/sh`` instead (NPD's own image has no railhop): tests/privileged/test_npd_check_live.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +23,6 @@ from railhop_lab.fabric import Fabric, unique_prefix
 pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[2]
-NPD = REPO / "deploy/helm/railhop/files/npd-railhop.json"
 AGENT = """
 import sys
 from pathlib import Path
@@ -43,12 +42,11 @@ def fab() -> Iterator[Fabric]:
 
 
 def rule_argv() -> list[str]:
-    (rule,) = [r for r in json.loads(NPD.read_text())["rules"] if r["type"] == "permanent"]
-    return [rule["path"], *rule["args"]]
+    return ["/usr/bin/env", "railhop", "status", "--check", "--nics"]
 
 
 def run_rule(run_dir: Path) -> tuple[int, str]:
-    """The rule's command as NPD runs it: its stdout is the condition's message."""
+    """The command as NPD would run it: its stdout is the condition's message."""
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",

@@ -141,8 +141,9 @@ def test_policy_min_rails_up(tmp_path: Path) -> None:
 
 
 def test_npd_config_runs_the_check() -> None:
-    """The shipped node-problem-detector config: a custom plugin whose permanent rule runs
-    ``railhop status --check --nics`` and sets RailhopNICDegraded."""
+    """The shipped node-problem-detector config: a custom plugin whose permanent rule runs the
+    chart's POSIX sh check on the agent's node-status file (NPD's image has /bin/sh, not
+    railhop) from the ConfigMap's mount, and sets RailhopNICDegraded."""
     cfg = json.loads(NPD.read_text())
     assert cfg["plugin"] == "custom"
     (cond,) = cfg["conditions"]
@@ -150,7 +151,7 @@ def test_npd_config_runs_the_check() -> None:
     (rule,) = cfg["rules"]
     assert rule["type"] == "permanent" and rule["condition"] == "RailhopNICDegraded"
     argv = [rule["path"], *rule["args"]]
-    assert argv[-4:] == ["railhop", "status", "--check", "--nics"]
+    assert argv == ["/bin/sh", "/etc/railhop-npd/railhop-check.sh", "/run/railhop/node-status"]
     assert rule["reason"] and rule["timeout"]
 
 
@@ -182,6 +183,9 @@ def test_chart_renders_the_npd_configmap() -> None:
     assert npd(render()) == []  # off by default
     (cm,) = npd(render("nodeProblemDetector.enabled=true"))
     assert json.loads(cm["data"]["railhop-nic-monitor.json"]) == json.loads(NPD.read_text())
+    # the check travels in the same ConfigMap, byte for byte (NPD mounts it at /etc/railhop-npd)
+    script = NPD.parent / "railhop-check.sh"
+    assert cm["data"]["railhop-check.sh"] == script.read_text()
 
 
 def test_unreadable_table_is_unknown(tmp_path: Path) -> None:

@@ -5,12 +5,12 @@ per NIC, recent failovers). Formatting is pure (the caller passes the time); onl
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from railhop.control.layout import NicState, TableSnapshot
+from railhop.control.layout import NicHealth, NicState, TableSnapshot
 
 STATUS_FILE = "status.json"
 
@@ -244,20 +244,28 @@ class NicCheck:
         }
 
 
-def check_nics(snap: TableSnapshot) -> NicCheck:
-    """Pure: count the rails with at least one managed NIC UP (a NIC without a rail is a rail
-    of its own) against the policy's ``health.min_rails_up`` (0: every rail); list every NIC
-    that is not UP. SUSPECT and RECOVERING NICs do not count as up."""
+def count_rails(
+    nics: Iterable[NicHealth],
+) -> tuple[int, int, list[tuple[str, str, str]]]:
+    """Pure: (rails with at least one NIC UP, rails, (ifname, state, reason) of every NIC not
+    UP). A NIC without a rail is a rail of its own; SUSPECT and RECOVERING are not up. The one
+    count behind ``railhop status --check --nics`` and the agent's ``node-status`` file."""
     rails: dict[object, bool] = {}
     failed: list[tuple[str, str, str]] = []
-    for n in snap.nics:
+    for n in nics:
         key: object = n.rail if n.rail is not None else ("nic", n.ifname)
         up = n.state is NicState.UP
         rails[key] = rails.get(key, False) or up
         if not up:
             failed.append((n.ifname, n.state.name.lower(), n.reason.name.lower()))
-    total = len(rails)
-    up_count = sum(rails.values())
+    return sum(rails.values()), len(rails), failed
+
+
+def check_nics(snap: TableSnapshot) -> NicCheck:
+    """Pure: count the rails with at least one managed NIC UP (a NIC without a rail is a rail
+    of its own) against the policy's ``health.min_rails_up`` (0: every rail); list every NIC
+    that is not UP. SUSPECT and RECOVERING NICs do not count as up."""
+    up_count, total, failed = count_rails(snap.nics)
     want = snap.settings.min_rails_up or total
     ok = up_count >= want and total > 0
     if total == 0:

@@ -16,6 +16,8 @@ Deciding is separate from acting. The package is split by what each part does:
   enter the TCP probe's map only when a socket of the reporter's uid on that NIC holds them;
 - :mod:`~railhop.daemon.publish` (pure): health model + plan as the published table and as
   tracing decisions;
+- :mod:`~railhop.daemon.nodestatus` (pure): the published NICs as ``node-status`` (plain text
+  for the node-problem-detector check, which has only a shell) and as an NFD feature file;
 - :mod:`~railhop.daemon.loop`: :class:`Agent`, which only moves data between them on one event
   loop. The sources come from the one catalogue (:mod:`railhop.sources.catalogue`) and live in
   one :class:`railhop.sources.base.Registry` (quick ones start at once, eBPF ones in the

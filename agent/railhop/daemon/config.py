@@ -49,6 +49,11 @@ class AgentConfig:
     # not send them on agent.sock, and per-lane bytes/latency); None: no USDT source
     usdt_lib: Path | None = None
     plugin_nics: tuple[str, ...] = ()  # the plugins' NIC order (RAILHOP_NICS); empty: auto
+    # ``node-status`` in the run dir (railhop.daemon.nodestatus): rewritten on every publish
+    # and at least this often (its heartbeat), for shell-only readers (the NPD check)
+    node_status_interval_s: float = 5.0
+    # node-feature-discovery's features.d: the agent writes its node labels there; None: off
+    nfd_features_dir: Path | None = None
 
 
 def with_absolute_paths(cfg: AgentConfig) -> AgentConfig:
@@ -68,6 +73,7 @@ def with_absolute_paths(cfg: AgentConfig) -> AgentConfig:
         sys_root=Path(os.path.abspath(cfg.sys_root)),
         trace_file=absolute(cfg.trace_file),
         usdt_lib=absolute(cfg.usdt_lib),
+        nfd_features_dir=absolute(cfg.nfd_features_dir),
     )
 
 

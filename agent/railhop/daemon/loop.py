@@ -20,10 +20,19 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from railhop import health, tracing
-from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
+from railhop.control import ControlPlane, EventType, LaneEvent, NicHealth, ReceivedEvent
+from railhop.control.rundir import write_file_at
 from railhop.control.status import STATUS_FILE
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
+from railhop.daemon.nodestatus import (
+    NFD_FEATURE_FILE,
+    NODE_STATUS_FILE,
+    NodeStatus,
+    format_node_status,
+    nfd_features,
+    node_status,
+)
 from railhop.daemon.privileges import (
     drop_all_in_this_thread,
     drop_capabilities,
@@ -143,6 +152,9 @@ class AgentStats:
     policy_errors: int = 0
     ignored_events: int = 0
     status_write_errors: int = 0
+    node_status_writes: int = 0
+    node_status_write_errors: int = 0
+    nfd_write_errors: int = 0
     metrics_bind_failures: int = 0
     last_transitions: list[health.Transition] = field(default_factory=list)
 
@@ -157,6 +169,7 @@ class Agent:
         planner: Planner = plan,
         source_factory: SourceFactory = default_sources,
         clock: Callable[[], int] = time.monotonic_ns,
+        wall_clock: Callable[[], float] = time.time,
         tracer: tracing.FailoverTracer | None = None,
         metrics: AgentMetrics | None = None,
         port_check: Callable[[Collection[Claim]], set[Claim]] | None = None,
@@ -172,6 +185,7 @@ class Agent:
         self._plan = planner
         self._source_factory = source_factory
         self._clock = clock
+        self._wall = wall_clock  # CLOCK_REALTIME: node-status's heartbeat, NFD's expiry
         self.stats = AgentStats()
         self.policy = default_policy()
         self._policy_mtime: float | None = None
@@ -208,6 +222,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._metrics_retry: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._published: list[NicHealth] = []  # the table's NICs as last published
+        self._node_status_next = 0.0  # monotonic seconds: rewrite node-status by then
 
     def _now(self) -> float:
         return self._clock() / 1e9
@@ -357,6 +373,8 @@ class Agent:
         self.control.publish(nics, plans, node_settings(self.policy))
         self.stats.publishes += 1
         self._dirty = False
+        self._published = list(nics)
+        self._node_status_next = 0.0  # health (or the policy's minimum) changed: now
         for w in result.warnings:
             log.debug("plan: %s", w)
         if self.tracer is not None:
@@ -531,6 +549,52 @@ class Agent:
         except OSError as e:  # counted by the control plane (railhop_control_file_write_errors)
             self.stats.status_write_errors += 1
             log.warning("cannot write %s in %s: %s", STATUS_FILE, self.control.run_dir, e)
+
+    def _write_node_status(self, now: float, gone: bool = False) -> None:
+        """``node-status`` (and the NFD feature file when configured): after every publish,
+        at least every ``node_status_interval_s``, and once with ``gone`` at shutdown (the
+        NFD file is then removed). A failed write is logged and counted, never fatal."""
+        cfg = self.config
+        self._node_status_next = now + max(0.05, cfg.node_status_interval_s)
+        if self.control is None or not self._published:
+            return
+        wall = self._wall()
+        refresh_s = max(1, round(cfg.node_status_interval_s + 0.499))  # whole seconds, up
+        st = node_status(
+            self._published,
+            self.policy.health.min_rails_up,
+            heartbeat_s=int(wall),
+            refresh_s=refresh_s,
+            agent_pid=os.getpid(),
+            gone=gone,
+        )
+        try:
+            self.control.write_file(NODE_STATUS_FILE, format_node_status(st))
+            self.stats.node_status_writes += 1
+        except OSError as e:
+            self.stats.node_status_write_errors += 1
+            if self.stats.node_status_write_errors == 1:
+                log.warning("cannot write %s in %s: %s", NODE_STATUS_FILE, self.control.run_dir, e)
+        if cfg.nfd_features_dir is not None:
+            self._write_nfd(cfg.nfd_features_dir, st, int(wall), refresh_s, gone)
+
+    NFD_EXPIRY_REFRESHES = 12  # a dead agent's labels expire after 12 missed rewrites (60 s)
+    NFD_EXPIRY_MIN_S = 60
+
+    def _write_nfd(self, d: Path, st: NodeStatus, wall: int, refresh_s: int, gone: bool) -> None:
+        path = d / NFD_FEATURE_FILE
+        try:
+            if gone:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+            ttl = max(self.NFD_EXPIRY_MIN_S, self.NFD_EXPIRY_REFRESHES * refresh_s)
+            write_file_at(path, nfd_features(st, wall + ttl))
+        except OSError as e:
+            self.stats.nfd_write_errors += 1
+            if self.stats.nfd_write_errors == 1:
+                log.warning("cannot write the NFD feature file %s: %s", path, e)
 
     def _usdt_lane_event(self, ev: PluginLaneEvent) -> None:
         """A plugin USDT probe: a lane event for traces and metrics (not for the health
@@ -786,6 +850,7 @@ class Agent:
                 wake.append(deadline)
             if self._claims:
                 wake.append(self._claims_next)
+            wake.append(self._node_status_next)
             timeout = max(0.0, min(wake) - now)
             get = asyncio.ensure_future(self._inbox.get())
             stop = asyncio.ensure_future(self._stop.wait())
@@ -820,12 +885,17 @@ class Agent:
             if self._dirty:
                 self._publish()
             self._maybe_write_status(now)
+            if now >= self._node_status_next:
+                self._write_node_status(now)
 
     async def _shutdown(self, pump: asyncio.Task[None]) -> None:
         budget = self.config.shutdown_timeout_s
         t0 = time.monotonic()
         await self.sources.stop_all(budget)  # shutdown must finish: bounded, never raises
         if self.control is not None:
+            # before the run directory's descriptor closes: a stopped agent's last word must
+            # never read as healthy (node-status says "gone", the NFD labels go)
+            self._write_node_status(self._now(), gone=True)
             await self.control.close(timeout=max(0.1, budget - (time.monotonic() - t0)))
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
