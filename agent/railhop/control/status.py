@@ -5,12 +5,12 @@ per NIC, recent failovers). Formatting is pure (the caller passes the time); onl
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from railhop.control.layout import NicState, TableSnapshot
+from railhop.control.layout import NicHealth, NicState, TableSnapshot
 
 STATUS_FILE = "status.json"
 
@@ -244,21 +244,29 @@ class NicCheck:
         }
 
 
+def count_rails(nics: Iterable[NicHealth], min_rails_up: int) -> tuple[int, int, int]:
+    """Pure: ``(rails up, rails, rails wanted)``: a rail is up when at least one of its
+    managed NICs is UP (SUSPECT and RECOVERING are not); a NIC without a rail is a rail of its
+    own; wanted is the policy's ``health.min_rails_up``, every rail when it says 0. The same
+    count for ``railhop status --check --nics`` and the agent's ``railhop_rails*`` gauges."""
+    rails: dict[object, bool] = {}
+    for n in nics:
+        key: object = n.rail if n.rail is not None else ("nic", n.ifname)
+        rails[key] = rails.get(key, False) or n.state is NicState.UP
+    total = len(rails)
+    return sum(rails.values()), total, min_rails_up or total
+
+
 def check_nics(snap: TableSnapshot) -> NicCheck:
     """Pure: count the rails with at least one managed NIC UP (a NIC without a rail is a rail
     of its own) against the policy's ``health.min_rails_up`` (0: every rail); list every NIC
     that is not UP. SUSPECT and RECOVERING NICs do not count as up."""
-    rails: dict[object, bool] = {}
-    failed: list[tuple[str, str, str]] = []
-    for n in snap.nics:
-        key: object = n.rail if n.rail is not None else ("nic", n.ifname)
-        up = n.state is NicState.UP
-        rails[key] = rails.get(key, False) or up
-        if not up:
-            failed.append((n.ifname, n.state.name.lower(), n.reason.name.lower()))
-    total = len(rails)
-    up_count = sum(rails.values())
-    want = snap.settings.min_rails_up or total
+    failed = [
+        (n.ifname, n.state.name.lower(), n.reason.name.lower())
+        for n in snap.nics
+        if n.state is not NicState.UP
+    ]
+    up_count, total, want = count_rails(snap.nics, snap.settings.min_rails_up)
     ok = up_count >= want and total > 0
     if total == 0:
         message = "no NICs published by the agent"

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from railhop import health, tracing
 from railhop.control import ControlPlane, EventType, LaneEvent, ReceivedEvent
-from railhop.control.status import STATUS_FILE
+from railhop.control.status import STATUS_FILE, count_rails
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.privileges import (
@@ -354,8 +354,11 @@ class Agent:
         t0 = self._clock()
         result = self._plan(self.topology, self.model.states, self.policy)
         nics, plans = to_published(self.model, self.topology, result)
-        self.control.publish(nics, plans, node_settings(self.policy))
+        settings = node_settings(self.policy)
+        self.control.publish(nics, plans, settings)
         self.stats.publishes += 1
+        if self.metrics is not None:
+            self.metrics.set_rails(*count_rails(nics, settings.min_rails_up))
         self._dirty = False
         for w in result.warnings:
             log.debug("plan: %s", w)
