@@ -22,6 +22,8 @@
 | ``railhop_verbs_completion_errors_total`` | counter | device, status | USDT ``verbs_wc_err`` |
 | ``railhop_verbs_async_events_total`` | counter | device, event | USDT ``verbs_async`` |
 | ``railhop_sources`` | gauge | source | sources that started (readiness) |
+| ``railhop_rails``, ``railhop_rails_up`` | gauge | | rails, rails with a managed NIC UP (publish) |
+| ``railhop_rails_up_min`` | gauge | | the policy's ``health.min_rails_up`` (0: every rail) |
 | ``railhop_trace_spans_total``, ``railhop_trace_errors_total`` | counter | | the tracer |
 | ``railhop_control_*`` | counters/gauges | | the control plane's counters |
 | ``railhop_build_info`` | gauge (1) | version, python | the package |
@@ -222,6 +224,17 @@ class AgentMetrics:
             "railhop_sources", "1 for each signal source the agent started", ["source"], registry=r
         )
         self.lanes = Gauge("railhop_lanes", "Plugin lanes up on the NIC", ["device"], registry=r)
+        self.rails = Gauge(
+            "railhop_rails", "Rails of the managed NICs (a NIC without a rail is one)", registry=r
+        )
+        self.rails_up = Gauge(
+            "railhop_rails_up", "Rails with at least one managed NIC UP", registry=r
+        )
+        self.rails_up_min = Gauge(
+            "railhop_rails_up_min",
+            "Rails the policy wants up (health.min_rails_up; every rail when it says 0)",
+            registry=r,
+        )
         self.lane_events = Counter(
             "railhop_lane_events", "Plugin lane events received", ["type"], registry=r
         )
@@ -266,6 +279,12 @@ class AgentMetrics:
         for s in STATES:
             self.nic_state.labels(nic, s).set(1 if s == state else 0)
         self.nic_up.labels(nic).set(1 if state == "up" else 0)
+
+    def set_rails(self, up: int, total: int, wanted: int) -> None:
+        """The published table's rail count (``railhop.control.status.rail_counts``)."""
+        self.rails_up.set(up)
+        self.rails.set(total)
+        self.rails_up_min.set(wanted)
 
     def transition(self, nic: str, state: str) -> None:
         self.transitions.labels(nic, state).inc()

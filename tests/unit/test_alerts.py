@@ -19,6 +19,7 @@ from test_helm import CHART, _run
 from conftest import require
 
 REPO = Path(__file__).resolve().parents[2]
+RUNBOOKS = REPO / "docs" / "runbooks.md"
 ALERTS = CHART / "files" / "alerts.yaml"
 ALERT_TESTS = CHART / "tests" / "alerts_test.yaml"
 DASHBOARD = CHART / "dashboards" / "railhop.json"
@@ -48,10 +49,11 @@ def _rendered_rule(*sets: str) -> dict[str, Any]:
 def test_promtool_checks_the_rules() -> None:
     r = _promtool("check", "rules", str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 5 rules found" in r.stdout
+    assert "SUCCESS: 6 rules found" in r.stdout
     alerts = {x["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for x in g["rules"]}
     assert alerts == {
         "RailhopNICDown",
+        "RailhopRailsBelowMinimum",
         "RailhopFailoversFrequent",
         "RailhopEscalation",
         "RailhopAgentDown",
@@ -115,6 +117,78 @@ def test_dashboard_configmap(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids))
     r = _run("template", "rh", str(CHART))
     assert "-dashboard" not in r.stdout
+
+
+def test_the_dashboard_selects_by_node() -> None:
+    """The variable is the `node` label (the pod's node name, which the ServiceMonitor and the
+    PodMonitor relabel into `node`), not the instance IP: every panel query filters by it."""
+    dash = json.loads(DASHBOARD.read_text())
+    var = {v["name"]: v for v in dash["templating"]["list"]}
+    assert "instance" not in var
+    node = var["node"]
+    assert node["type"] == "query" and node["multi"] and node["includeAll"]
+    assert node["definition"] == node["query"]["query"] == "label_values(railhop_build_info, node)"
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 16
+    for e in exprs:
+        selectors = re.findall(r"railhop_[a-z0-9_]+\{([^}]*)\}", e)
+        metrics = _METRIC.findall(e)
+        assert selectors and len(selectors) == len(metrics), e  # every metric selected...
+        assert all('node=~"$node"' in sel for sel in selectors), e  # ...by node
+        assert "instance" not in e and "$instance" not in e, e
+    legends = [t.get("legendFormat", "") for p in dash["panels"] for t in p["targets"]]
+    assert not [x for x in legends if "instance" in x]
+    # the rails panel: up and the policy's minimum
+    assert any("railhop_rails_up_min" in e for e in exprs)
+    # the chart relabels the node name into `node` in both monitors
+    r = _run("template", "rh", str(CHART), "--set", "serviceMonitor.enabled=true",
+             "--set", "podMonitor.enabled=true")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    mons = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"].endswith("Monitor")]
+    assert len(mons) == 2
+    for m in mons:
+        (ep,) = m["spec"].get("endpoints") or m["spec"]["podMetricsEndpoints"]
+        assert {
+            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node",
+        } in ep["relabelings"]
+
+
+def _alerts() -> list[dict[str, Any]]:
+    return [x for g in yaml.safe_load(ALERTS.read_text())["groups"] for x in g["rules"]]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, spaces to '-', punctuation dropped."""
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.+?)\s*$", markdown, re.M):
+        a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        out.add(a)
+    return out
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    anchors = _anchors(RUNBOOKS.read_text())
+    for a in _alerts():
+        url = a["annotations"]["runbook_url"]
+        assert url == f"docs/runbooks.md#{a['alert'].lower()}", a["alert"]
+        assert url.split("#")[1] in anchors, f"docs/runbooks.md has no section {a['alert']}"
+    # one section per alert, nothing else at that level
+    sections = re.findall(r"^## (\S+)\s*$", RUNBOOKS.read_text(), re.M)
+    assert sections == [a["alert"] for a in _alerts()]
+
+
+def test_the_chart_sets_the_runbook_base() -> None:
+    rule = _rendered_rule()
+    urls = [x["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for x in g["rules"]]
+    assert urls == [a["annotations"]["runbook_url"] for a in _alerts()]  # the default base
+    base = "https://git.example.com/railhop/blob/main/docs/runbooks.md"
+    rule = _rendered_rule(f"prometheusRule.runbookBaseUrl={base}")
+    got = {x["alert"]: x["annotations"]["runbook_url"] for g in rule["spec"]["groups"]
+           for x in g["rules"]}  # fmt: skip
+    assert got == {a["alert"]: f"{base}#{a['alert'].lower()}" for a in _alerts()}
+    r = _run("template", "rh", str(CHART), "--set", "prometheusRule.runbookBaseUrl=a#b")
+    assert r.returncode != 0 and "schema" in r.stderr
 
 
 _SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_info", "_created")

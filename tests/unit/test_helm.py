@@ -40,8 +40,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def render(*sets: str) -> list[Obj]:
+def render(*sets: str, kube: str | None = None) -> list[Obj]:
+    """``helm template`` with ``--set`` each of ``sets``; ``kube``: ``--kube-version`` (what
+    ``.Capabilities.KubeVersion`` says; helm's own default otherwise)."""
     args = ["template", "rh", str(CHART), "--namespace", "railhop"]
+    if kube is not None:
+        args += ["--kube-version", kube]
     for s in sets:
         args += ["--set", s]
     r = _run(*args)
@@ -112,12 +116,25 @@ def _plain_pod() -> Obj:
 
 def test_the_chart_runs_the_agent_as_the_plain_manifest_does() -> None:
     """Same capabilities (the node-hardening list), security context, mounts, probes and
-    tolerations as deploy/kubernetes/railhop-agent.yaml; plus what the chart adds."""
-    docs = render()
+    tolerations as deploy/kubernetes/railhop-agent.yaml; plus what the chart adds. The plain
+    manifest sets AppArmor by the pod annotation (it must work on 1.25): the chart rendered
+    for 1.25 does the same; from 1.30 the chart sets the container's field instead."""
+    docs = render(kube="1.25.0")
     pod, plain = _pod(docs), _plain_pod()
     (c,) = pod["containers"]
     (pc,) = plain["containers"]
     assert c["securityContext"] == pc["securityContext"]
+    plain_ds = _kind([d for d in yaml.safe_load_all(PLAIN.read_text()) if d], "DaemonSet")
+    assert (
+        _kind(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+        == plain_ds["spec"]["template"]["metadata"]["annotations"]
+        == {"container.apparmor.security.beta.kubernetes.io/agent": "unconfined"}
+    )
+    new_c = _pod(render(kube="1.30.0"))["containers"][0]
+    assert new_c["securityContext"] == {
+        **pc["securityContext"],
+        "appArmorProfile": {"type": "Unconfined"},
+    }
     assert c["securityContext"]["capabilities"]["add"] == ["BPF", "PERFMON", "NET_ADMIN",
                                                            "SYS_RESOURCE", "CHOWN"]  # fmt: skip
     assert c["volumeMounts"] == pc["volumeMounts"]
@@ -280,6 +297,11 @@ def test_pod_settings_are_overridable() -> None:
     assert {"name": "extra", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"name": "extra", "mountPath": "/extra"} in c["volumeMounts"]
     assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}
+    old = _kind(render("podAnnotations.example\\.com/team=ml", kube="1.29.0"), "DaemonSet")
+    assert old["spec"]["template"]["metadata"]["annotations"] == {
+        "example.com/team": "ml",
+        "container.apparmor.security.beta.kubernetes.io/agent": "unconfined",
+    }
     assert pod["tolerations"] == [{"operator": "Exists"}]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [

@@ -261,6 +261,14 @@ def count_rails(
     return sum(rails.values()), len(rails), failed
 
 
+def rail_counts(nics: Iterable[NicHealth], min_rails_up: int) -> tuple[int, int, int]:
+    """Pure: ``(rails up, rails, rails wanted)`` by :func:`count_rails`; wanted is the policy's
+    ``health.min_rails_up``, every rail when it says 0. The same count for ``railhop status
+    --check --nics`` and the agent's ``railhop_rails*`` gauges."""
+    up, total, _ = count_rails(nics)
+    return up, total, min_rails_up or total
+
+
 def check_nics(snap: TableSnapshot) -> NicCheck:
     """Pure: count the rails with at least one managed NIC UP (a NIC without a rail is a rail
     of its own) against the policy's ``health.min_rails_up`` (0: every rail); list every NIC

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from railhop import health, tracing
 from railhop.control import ControlPlane, EventType, LaneEvent, NicHealth, ReceivedEvent
 from railhop.control.rundir import write_file_at
-from railhop.control.status import STATUS_FILE
+from railhop.control.status import STATUS_FILE, rail_counts
 from railhop.daemon.config import AgentConfig, AgentError, with_absolute_paths
 from railhop.daemon.lanes import LaneBook, status_bytes
 from railhop.daemon.nodestatus import (
@@ -370,8 +370,11 @@ class Agent:
         t0 = self._clock()
         result = self._plan(self.topology, self.model.states, self.policy)
         nics, plans = to_published(self.model, self.topology, result)
-        self.control.publish(nics, plans, node_settings(self.policy))
+        settings = node_settings(self.policy)
+        self.control.publish(nics, plans, settings)
         self.stats.publishes += 1
+        if self.metrics is not None:
+            self.metrics.set_rails(*rail_counts(nics, settings.min_rails_up))
         self._dirty = False
         self._published = list(nics)
         self._node_status_next = 0.0  # health (or the policy's minimum) changed: now
