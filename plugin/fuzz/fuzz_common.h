@@ -13,15 +13,7 @@
 #include <string.h>
 
 #include "core/wire.h"
-
-#define FUZZ_CHECK(cond)                                                                     \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, \
-				#cond);                                                      \
-			abort();                                                             \
-		}                                                                            \
-	} while (0)
+#include "fuzz_check.h"
 
 /* A decoded hello: in bounds, and it encodes to a hello that decodes to the same fields; where
  * the input was canonical (each NIC's up byte 0 or 1, no NUL inside a PCI string, nothing after

@@ -31,7 +31,7 @@ carry a nonce and a MAC, which the stranger cannot compute without the secret; "
 stranger fills with random bytes), so the same file shows the findings on a build of the
 previous protocol: point
 RAILHOP_HOSTILE_PLUGIN_PATH and RAILHOP_HOSTILE_HARNESS_PATH at its ASan build. By default the
-module builds build/asan from this tree (cmake + ninja, incremental).
+module uses the ASan build of `make ctest` (build/ctest-address, tests/sanbuild.py).
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ import os
 import random
 import re
 import select
-import shutil
 import socket
 import struct
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,11 +74,11 @@ from railhop_lab.peerwire import (
     parse_handle,
     tcp_segment,
 )
+from sanbuild import sanitizer_build
 
 pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[2]
-ASAN_BUILD = REPO / "build" / "asan"
 MiB = 1 << 20
 RATE_MBIT = 200  # a rate-limited fabric: the receiver's CPU has headroom to measure
 
@@ -94,38 +92,7 @@ def asan_build() -> tuple[Path, Path]:
     harness = os.environ.get("RAILHOP_HOSTILE_HARNESS_PATH")
     if plugin and harness:
         return Path(plugin), Path(harness)
-    require(bool(shutil.which("cmake") and shutil.which("ninja")), "cmake and ninja")
-    if not (ASAN_BUILD / "build.ninja").is_file():
-        flags = "-fsanitize=address -fno-omit-frame-pointer"
-        subprocess.run(
-            [
-                "cmake",
-                "-S",
-                str(REPO),
-                "-B",
-                str(ASAN_BUILD),
-                "-G",
-                "Ninja",
-                "-DRAILHOP_BUILD_TESTS=OFF",
-                "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                f"-DCMAKE_C_FLAGS={flags}",
-                "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address",
-                "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    subprocess.run(
-        ["cmake", "--build", str(ASAN_BUILD), "--target", "nccl-net-railhop", "railhop-harness"],
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
-    return (
-        ASAN_BUILD / "plugin" / "libnccl-net-railhop.so",
-        ASAN_BUILD / "plugin" / "railhop-harness",
-    )
+    return sanitizer_build("address")
 
 
 @pytest.fixture(scope="module")
