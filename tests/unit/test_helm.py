@@ -64,14 +64,19 @@ def _validate(doc: Obj) -> None:
     kv.validate(doc, K8S_VERSION, strict=True)
 
 
+def lint(*sets: str, kube: str | None = None) -> None:
+    """`helm lint --strict` of the chart with these --set values (and --kube-version): clean."""
+    args = ["lint", "--strict", str(CHART)] + (["--kube-version", kube] if kube else [])
+    for s in sets:
+        args += ["--set", s]
+    r = _run(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 chart(s) failed" in r.stdout
+
+
 def test_helm_lint_strict() -> None:
     for sets in ([], ["serviceMonitor.enabled=true"], ["serviceAccount.create=false"]):
-        args = ["lint", "--strict", str(CHART)]
-        for s in sets:
-            args += ["--set", s]
-        r = _run(*args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "0 chart(s) failed" in r.stdout
+        lint(*sets)
 
 
 def test_rendered_objects_pass_the_kubernetes_schemas() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_fakes import FakeSource, until
 
 from railhop import daemon
 from railhop.control import NicHealth, NicState, NodeSettings, Reason, TableSnapshot
@@ -156,27 +157,6 @@ def test_nfd_feature_file_labels_and_expiry() -> None:
 
 
 # -- the agent writes them
-
-
-class FakeSource:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.emit: Callable[[Any], None] | None = None
-
-    async def start(self, emit: Callable[[Any], None]) -> list[Any]:
-        self.emit = emit
-        return []
-
-    async def stop(self) -> None:
-        pass
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
 
 
 def read_status(path: Path) -> Any:

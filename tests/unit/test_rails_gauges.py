@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from agent_fakes import FakeSource, until
 
 from railhop import daemon
 from railhop.control import NicHealth, NicState, NodeSettings, read_table
@@ -72,27 +71,6 @@ def test_the_gauges_are_exported_under_the_alerts_names() -> None:
     assert "railhop_rails_up_min" in alerts and "railhop_rails_up)" in alerts
 
 
-async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
-class _Source:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.emit: Callable[[Any], None] | None = None
-
-    async def start(self, emit: Callable[[Any], None]) -> list[Any]:
-        self.emit = emit
-        return []
-
-    async def stop(self) -> None:
-        pass
-
-
 def test_the_agent_sets_the_gauges_from_what_it_publishes(tmp_path: Path) -> None:
     """A live agent on the DGX fixture with a policy that wants 7 rails: the gauges equal
     `railhop status --check --nics` on the table it publishes, before and after two rails'
@@ -102,7 +80,7 @@ def test_the_agent_sets_the_gauges_from_what_it_publishes(tmp_path: Path) -> Non
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / "run"
-    src = _Source()
+    src = FakeSource()
     metrics = AgentMetrics(nics=[], sys_root=DGX)
     cfg = daemon.AgentConfig(policy_path=policy, run_dir=run_dir, sys_root=DGX, heartbeat_ms=50)
     agent = daemon.Agent(cfg, source_factory=lambda c, t, p: [src], metrics=metrics)
@@ -117,7 +95,7 @@ def test_the_agent_sets_the_gauges_from_what_it_publishes(tmp_path: Path) -> Non
 
     async def body() -> None:
         task = asyncio.create_task(agent.run())
-        await _until(lambda: src.emit is not None and gauges()[1] not in (None, 0.0))
+        await until(lambda: src.emit is not None and gauges()[1] not in (None, 0.0))
         total = checked()[1]
         assert total >= 8  # the 8 compute rails, and the NICs without one
         assert gauges() == checked() == (total, total, 7)
@@ -129,7 +107,7 @@ def test_the_agent_sets_the_gauges_from_what_it_publishes(tmp_path: Path) -> Non
         for nic in ("ibp25s0", "ibp59s0"):
             assert src.emit is not None
             src.emit(sev.CarrierDown(ts_ns=time.monotonic_ns(), source="fake", ifname=nic))
-        await _until(lambda: gauges()[0] == total - 2)
+        await until(lambda: gauges()[0] == total - 2)
         assert gauges() == checked() == (total - 2, total, 7)
         agent.request_stop()
         assert await asyncio.wait_for(task, 10) == 0
